@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Builds the pinned upstream components (hack/tools/*) from their Go modules into
+# $CAIRN_CACHE/tools/<component>-<version>-<hash>/ and links them into
+# $CAIRN_CACHE/bin. A component already in the cache is never rebuilt.
+#
+# CAIRN_PREBUILT_BIN_DIR: a folder of ready binaries (for example from
+# setup-envtest or a release download on a CI runner that has internet). Any
+# binary found there is used as is instead of being built.
+#
+# Prints the bin folder on stdout.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=readonly
+BIN="$CAIRN_CACHE/bin"
+mkdir -p "$BIN"
+
+# build COMPONENT MODULE_PATH LDFLAGS BINARY=PACKAGE...
+build() {
+  local component=$1 module=$2 ldflags=$3; shift 3
+  local dir missing=() spec name
+  dir=$(tool_dir "$component" "$module")
+  for spec in "$@"; do
+    name=${spec%%=*}
+    if [[ -n "${CAIRN_PREBUILT_BIN_DIR:-}" && -x "$CAIRN_PREBUILT_BIN_DIR/$name" ]]; then
+      ln -sf "$CAIRN_PREBUILT_BIN_DIR/$name" "$BIN/$name"
+    elif [[ -x "$dir/$name" ]]; then
+      ln -sf "$dir/$name" "$BIN/$name"
+    else
+      missing+=("$spec")
+    fi
+  done
+  ((${#missing[@]})) || return 0
+  local start=$SECONDS
+  log "building ${component} $(pinned_version "$component" "$module"): ${missing[*]%%=*} (a cold build takes minutes)"
+  mkdir -p "$dir.partial"
+  for spec in "${missing[@]}"; do
+    name=${spec%%=*}
+    # One go build per binary: the Go build cache shares compiled packages.
+    (cd "$CAIRN_ROOT/hack/tools/$component" &&
+      go build -v -trimpath -ldflags "-s -w $ldflags" -o "$dir.partial/$name" "${spec#*=}") 2>&1 |
+      awk '{ n++ } n % 100 == 0 { printf "[cairn]   %s: %d packages compiled, now %s\n", c, n, $0; fflush() }' c="$name" >&2
+    [[ ${PIPESTATUS[0]} -eq 0 && -x "$dir.partial/$name" ]] || die "build of $name failed"
+  done
+  mkdir -p "$dir"
+  for spec in "${missing[@]}"; do
+    name=${spec%%=*}
+    mv "$dir.partial/$name" "$dir/$name"
+    ln -sf "$dir/$name" "$BIN/$name"
+  done
+  rm -rf "$dir.partial"
+  log "built ${component} in $((SECONDS - start)) s"
+}
+
+k8s_version_ldflags() {
+  local v=$KUBERNETES_VERSION minor date
+  minor=$(echo "$v" | cut -d. -f2)
+  date=2000-01-01T00:00:00Z # fixed, so that builds are reproducible
+  local flags=""
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    flags+=" -X $pkg.gitVersion=$v -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    flags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$date"
+  done
+  echo "$flags"
+}
+
+build etcd go.etcd.io/etcd/server/v3 "" etcd=go.etcd.io/etcd/server/v3
+build kwok sigs.k8s.io/kwok "-X sigs.k8s.io/kwok/pkg/consts.Version=$(pinned_version kwok sigs.k8s.io/kwok)" kwok=sigs.k8s.io/kwok/cmd/kwok
+build helm helm.sh/helm/v3 "-X helm.sh/helm/v3/internal/version.version=$(pinned_version helm helm.sh/helm/v3) -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$(echo "$KUBERNETES_VERSION" | cut -d. -f2)" helm=helm.sh/helm/v3/cmd/helm
+build actionlint github.com/rhysd/actionlint "-X github.com/rhysd/actionlint.version=$(pinned_version actionlint github.com/rhysd/actionlint)" actionlint=github.com/rhysd/actionlint/cmd/actionlint
+build kubernetes k8s.io/kubernetes "$(k8s_version_ldflags)" \
+  kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver \
+  kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager \
+  kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler \
+  kubectl=k8s.io/kubernetes/cmd/kubectl
+
+echo "$BIN"

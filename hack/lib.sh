@@ -1,0 +1,29 @@
+# Shared settings for hack/ scripts. Source it; do not run it.
+# shellcheck shell=bash
+
+CAIRN_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# Everything built or downloaded lives outside the repository, keyed by version.
+CAIRN_CACHE=${CAIRN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cairn}
+export CAIRN_ROOT CAIRN_CACHE
+# Rust build output is shared across clones of the repository.
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$CAIRN_CACHE/cargo-target}
+
+log() { printf '\033[1;34m[cairn]\033[0m %s\n' "$*" >&2; }
+die() { printf '\033[1;31m[cairn] error:\033[0m %s\n' "$*" >&2; exit 1; }
+
+# Version of a tool as pinned in its tools module (hack/tools/<component>/go.mod).
+pinned_version() { # component module-path
+  awk -v m="$2" '$1 == m && $2 ~ /^v/ {print $2; exit}' "$CAIRN_ROOT/hack/tools/$1/go.mod"
+}
+
+# The cache folder of a component: its version plus a hash of its pins, so a
+# change of any pinned dependency builds into a new folder.
+tool_dir() { # component module-path
+  local version hash
+  version=$(pinned_version "$1" "$2")
+  hash=$(cat "$CAIRN_ROOT/hack/tools/$1/go.mod" "$CAIRN_ROOT/hack/tools/$1/go.sum" | sha256sum | cut -c1-12)
+  echo "$CAIRN_CACHE/tools/$1-$version-$hash"
+}
+
+KUBERNETES_VERSION=$(pinned_version kubernetes k8s.io/kubernetes)
+export KUBERNETES_VERSION

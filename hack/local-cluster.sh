@@ -1,0 +1,310 @@
+#!/usr/bin/env bash
+# A real Kubernetes control plane on loopback, for development and tests:
+# etcd, kube-apiserver (RBAC, client certificates, audit log),
+# kube-controller-manager (garbage collector, workload controllers, host-path
+# provisioner), kube-scheduler, kwok faking three nodes in three zones, and the
+# moto server as a fake AWS.
+#
+#   hack/local-cluster.sh up   [STATE_DIR]   start (or reuse the one running there)
+#   hack/local-cluster.sh down [STATE_DIR]   stop every process, remove STATE_DIR
+#   hack/local-cluster.sh env  [STATE_DIR]   print the environment to use it
+#
+# STATE_DIR defaults to $CAIRN_CACHE/clusters/dev. It holds certificates, the
+# admin kubeconfig, the etcd data, logs and pid files; `env` lists what is where.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+
+NODE_ZONES=(zone-a zone-b zone-c)
+SERVICE_CIDR=10.96.0.0/16
+SERVICE_API_IP=10.96.0.1
+START_TIMEOUT=${CAIRN_START_TIMEOUT:-90}
+
+usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# start NAME COMMAND... : runs COMMAND in a session of its own (so a Ctrl-C in
+# the calling terminal does not reach it and `down` can signal its whole group),
+# logging to logs/NAME.log.
+start() {
+  local name=$1; shift
+  setsid "$@" >"$STATE/logs/$name.log" 2>&1 </dev/null &
+  echo $! >"$STATE/pids/$name.pid"
+}
+
+alive() { [[ -f "$STATE/pids/$1.pid" ]] && kill -0 "$(cat "$STATE/pids/$1.pid")" 2>/dev/null; }
+
+# wait_for NAME DESCRIPTION COMMAND... : polls COMMAND until it succeeds; fails
+# with the component's log tail if the component exits or time runs out.
+wait_for() {
+  local name=$1 what=$2; shift 2
+  local deadline=$((SECONDS + START_TIMEOUT))
+  until "$@" >/dev/null 2>&1; do
+    if ! alive "$name"; then
+      tail -n 30 "$STATE/logs/$name.log" >&2 || true
+      die "$name exited while waiting for $what (log: $STATE/logs/$name.log)"
+    fi
+    if ((SECONDS > deadline)); then
+      tail -n 30 "$STATE/logs/$name.log" >&2 || true
+      die "timed out after ${START_TIMEOUT}s waiting for $what (log: $STATE/logs/$name.log)"
+    fi
+    sleep 0.2
+  done
+}
+
+apiserver_get() { # path
+  curl -sf --cacert "$STATE/pki/ca.crt" --cert "$STATE/pki/admin.crt" --key "$STATE/pki/admin.key" \
+    "$(state_value CAIRN_APISERVER)$1"
+}
+
+state_value() { sed -n "s/^export $1=//p" "$STATE/env" 2>/dev/null; }
+
+running() {
+  [[ -f "$STATE/env" ]] && alive kube-apiserver && [[ "$(apiserver_get /readyz 2>/dev/null)" == ok ]]
+}
+
+kubectl_() { "$BIN/kubectl" --kubeconfig "$STATE/kubeconfig" "$@"; }
+
+# ---- certificates -----------------------------------------------------------
+
+new_key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null; }
+
+# issue NAME SUBJECT EXTENSIONS : a certificate signed by the local CA.
+issue() {
+  local pki=$STATE/pki
+  new_key "$pki/$1.key"
+  openssl req -new -key "$pki/$1.key" -subj "$2" -out "$pki/$1.csr" 2>/dev/null
+  openssl x509 -req -in "$pki/$1.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
+    -days 3650 -extfile <(printf '%b' "$3") -out "$pki/$1.crt" 2>/dev/null
+  rm -f "$pki/$1.csr"
+}
+
+make_pki() {
+  local pki=$STATE/pki
+  mkdir -p "$pki"
+  new_key "$pki/ca.key"
+  openssl req -x509 -new -key "$pki/ca.key" -subj "/CN=cairn-local-ca" -days 3650 -out "$pki/ca.crt" 2>/dev/null
+  issue apiserver "/CN=kube-apiserver" "subjectAltName=IP:127.0.0.1,IP:$SERVICE_API_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\nextendedKeyUsage=serverAuth"
+  issue admin "/O=system:masters/CN=cairn-admin" "extendedKeyUsage=clientAuth"
+  new_key "$pki/service-account.key"
+  openssl pkey -in "$pki/service-account.key" -pubout -out "$pki/service-account.pub" 2>/dev/null
+}
+
+write_kubeconfig() { # server
+  local b64="base64 -w0"
+  cat >"$STATE/kubeconfig" <<KUBECONFIG
+apiVersion: v1
+kind: Config
+clusters:
+- name: cairn-local
+  cluster:
+    server: $1
+    certificate-authority-data: $($b64 "$STATE/pki/ca.crt")
+users:
+- name: cairn-admin
+  user:
+    client-certificate-data: $($b64 "$STATE/pki/admin.crt")
+    client-key-data: $($b64 "$STATE/pki/admin.key")
+contexts:
+- name: cairn-local
+  context: {cluster: cairn-local, user: cairn-admin}
+current-context: cairn-local
+KUBECONFIG
+  chmod 600 "$STATE/kubeconfig"
+}
+
+# ---- components -------------------------------------------------------------
+
+start_etcd() {
+  local client_port peer_port
+  client_port=$(free_port) peer_port=$(free_port)
+  start etcd "$BIN/etcd" --name=cairn --data-dir="$STATE/etcd" --unsafe-no-fsync \
+    --listen-client-urls="http://127.0.0.1:$client_port" --advertise-client-urls="http://127.0.0.1:$client_port" \
+    --listen-peer-urls="http://127.0.0.1:$peer_port" --initial-advertise-peer-urls="http://127.0.0.1:$peer_port" \
+    --initial-cluster="cairn=http://127.0.0.1:$peer_port" --log-level=warn
+  ETCD_URL="http://127.0.0.1:$client_port"
+  wait_for etcd "etcd to serve" curl -sf "$ETCD_URL/health"
+}
+
+start_apiserver() {
+  local port=$1 pki=$STATE/pki
+  # Metadata of every write, so tests can count a controller's writes by user.
+  cat >"$STATE/audit-policy.yaml" <<'POLICY'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: None
+  verbs: [get, list, watch]
+- level: Metadata
+POLICY
+  start kube-apiserver "$BIN/kube-apiserver" \
+    --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$port" \
+    --etcd-servers="$ETCD_URL" \
+    --tls-cert-file="$pki/apiserver.crt" --tls-private-key-file="$pki/apiserver.key" \
+    --client-ca-file="$pki/ca.crt" \
+    --authorization-mode=Node,RBAC \
+    --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file="$pki/service-account.pub" \
+    --service-account-signing-key-file="$pki/service-account.key" \
+    --service-cluster-ip-range="$SERVICE_CIDR" \
+    --allow-privileged=true \
+    --audit-policy-file="$STATE/audit-policy.yaml" --audit-log-path="$STATE/logs/audit.log" \
+    --audit-log-format=json --audit-log-mode=batch --audit-log-batch-max-wait=1s \
+    --profiling=false
+  wait_for kube-apiserver "kube-apiserver to be ready" apiserver_get /readyz
+}
+
+start_controllers() {
+  local pki=$STATE/pki kubeconfig=$STATE/kubeconfig
+  start kube-controller-manager "$BIN/kube-controller-manager" \
+    --kubeconfig="$kubeconfig" --authentication-kubeconfig="$kubeconfig" --authorization-kubeconfig="$kubeconfig" \
+    --bind-address=127.0.0.1 --secure-port="$(free_port)" --leader-elect=false \
+    --controllers='*' --use-service-account-credentials=false \
+    --service-account-private-key-file="$pki/service-account.key" --root-ca-file="$pki/ca.crt" \
+    --cluster-signing-cert-file="$pki/ca.crt" --cluster-signing-key-file="$pki/ca.key" \
+    --enable-hostpath-provisioner=true \
+    --concurrent-gc-syncs=10
+  start kube-scheduler "$BIN/kube-scheduler" \
+    --kubeconfig="$kubeconfig" --authentication-kubeconfig="$kubeconfig" --authorization-kubeconfig="$kubeconfig" \
+    --bind-address=127.0.0.1 --secure-port="$(free_port)" --leader-elect=false
+  start kwok "$BIN/kwok" --kubeconfig="$kubeconfig" --manage-all-nodes=true \
+    --server-address="127.0.0.1:$(free_port)"
+}
+
+create_nodes_and_storage() {
+  local i zone
+  for i in "${!NODE_ZONES[@]}"; do
+    zone=${NODE_ZONES[$i]}
+    cat <<NODE
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: kwok-node-$i
+  annotations:
+    kwok.x-k8s.io/node: fake
+  labels:
+    kubernetes.io/hostname: kwok-node-$i
+    kubernetes.io/os: linux
+    kubernetes.io/arch: amd64
+    topology.kubernetes.io/zone: $zone
+    topology.kubernetes.io/region: local
+    type: kwok
+status:
+  allocatable: {cpu: "32", memory: 128Gi, pods: "110"}
+  capacity: {cpu: "32", memory: 128Gi, pods: "110"}
+NODE
+  done | kubectl_ apply -f - >/dev/null
+  # Immediate binding: kwok pods have no kubelet to wait for a first consumer.
+  kubectl_ apply -f - >/dev/null <<'SC'
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: standard
+  annotations:
+    storageclass.kubernetes.io/is-default-class: "true"
+provisioner: kubernetes.io/host-path
+reclaimPolicy: Delete
+volumeBindingMode: Immediate
+SC
+}
+
+nodes_ready() {
+  [[ $(kubectl_ get nodes -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' | grep -c True) -eq ${#NODE_ZONES[@]} ]]
+}
+
+default_service_account() { kubectl_ -n default get serviceaccount default; }
+
+start_moto() {
+  local venv
+  venv=$("$CAIRN_ROOT/hack/moto-venv.sh")
+  start moto "$venv/bin/moto_server" -H 127.0.0.1 -p "${MOTO_URL##*:}"
+  wait_for moto "moto to serve" curl -sf "$MOTO_URL/moto-api/"
+}
+
+write_env() {
+  cat >"$STATE/env" <<ENV
+export KUBECONFIG=$STATE/kubeconfig
+export CAIRN_CLUSTER_STATE=$STATE
+export CAIRN_APISERVER=$1
+export CAIRN_S3_ENDPOINT=$MOTO_URL
+export CAIRN_AUDIT_LOG=$STATE/logs/audit.log
+export CAIRN_BIN=$BIN
+ENV
+}
+
+up() {
+  if running; then
+    log "local cluster already running ($STATE)"
+    return 0
+  fi
+  [[ -d "$STATE" ]] && down_quietly
+  local start_time=$SECONDS port
+  BIN=$("$CAIRN_ROOT/hack/build-tools.sh")
+  mkdir -p "$STATE/logs" "$STATE/pids"
+  log "starting local cluster in $STATE"
+  make_pki
+  port=$(free_port)
+  write_kubeconfig "https://127.0.0.1:$port"
+  start_etcd
+  MOTO_URL="http://127.0.0.1:$(free_port)"
+  start_moto & # in parallel: the first run creates moto's virtualenv
+  local moto_job=$!
+  start_apiserver "$port"
+  create_nodes_and_storage
+  start_controllers
+  wait_for kwok "three Ready nodes" nodes_ready
+  wait_for kube-controller-manager "the default ServiceAccount" default_service_account
+  wait "$moto_job" || die "moto did not start (log: $STATE/logs/moto.log)"
+  write_env "https://127.0.0.1:$port"
+  log "local cluster ready in $((SECONDS - start_time)) s"
+}
+
+# Stops every component (SIGTERM to its process group, SIGKILL after 10 s),
+# removes the volumes the host-path provisioner made for this cluster, then the
+# state folder.
+down_quietly() {
+  if alive kube-apiserver && [[ -f "$STATE/kubeconfig" ]]; then
+    local path
+    while read -r path; do
+      [[ "$path" == /tmp/hostpath_pv/* ]] && rm -rf "$path"
+    done < <("$CAIRN_CACHE/bin/kubectl" --kubeconfig "$STATE/kubeconfig" --request-timeout=5s get pv \
+      -o jsonpath='{range .items[*]}{.spec.hostPath.path}{"\n"}{end}' 2>/dev/null || true)
+  fi
+  local pidfile pid deadline
+  for pidfile in "$STATE"/pids/*.pid; do
+    [[ -f "$pidfile" ]] || continue
+    pid=$(cat "$pidfile")
+    kill -TERM -- "-$pid" 2>/dev/null || true
+  done
+  deadline=$((SECONDS + 10))
+  for pidfile in "$STATE"/pids/*.pid; do
+    [[ -f "$pidfile" ]] || continue
+    pid=$(cat "$pidfile")
+    while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.1; done
+    kill -KILL -- "-$pid" 2>/dev/null || true
+  done
+  rm -rf "$STATE"
+}
+
+down() {
+  [[ -d "$STATE" ]] || { log "no local cluster in $STATE"; return 0; }
+  down_quietly
+  log "local cluster stopped, $STATE removed"
+}
+
+cmd=${1:-}
+STATE=$(realpath -m "${2:-$CAIRN_CACHE/clusters/dev}")
+mkdir -p "$(dirname "$STATE")"
+# One `up` or `down` at a time per state folder (parallel test binaries may race).
+exec 9>"$STATE.lock"
+flock 9
+case "$cmd" in
+  up) up ;;
+  down) down ;;
+  env) running || die "no running local cluster in $STATE (start it: hack/local-cluster.sh up)"; cat "$STATE/env" ;;
+  *) usage ;;
+esac

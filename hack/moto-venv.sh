@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Creates (once) the Python virtualenv with the moto server, the fake AWS that
+# tests talk to over the real wire protocol, keyed by a hash of the pinned
+# requirements. Prints the virtualenv's folder.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+
+requirements=$CAIRN_ROOT/hack/moto-requirements.txt
+venv=$CAIRN_CACHE/venv/moto-$(sha256sum "$requirements" | cut -c1-12)
+# The marker is written last, so an interrupted install is redone.
+if [[ ! -f "$venv/.complete" ]]; then
+  log "creating moto virtualenv in $venv"
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$requirements" >&2
+  touch "$venv/.complete"
+fi
+echo "$venv"

@@ -1,0 +1,182 @@
+//! Finding (or starting) the local control plane and making clients for it.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+use crate::{Error, TestNamespace};
+
+/// A running local cluster, as described by the `env` file that
+/// `hack/local-cluster.sh up` writes into its state folder.
+#[derive(Debug)]
+pub struct LocalCluster {
+    state_dir: PathBuf,
+    kubeconfig: Kubeconfig,
+    s3_endpoint: String,
+    bin_dir: PathBuf,
+}
+
+/// The local cluster every test in this process uses.
+///
+/// If `CAIRN_CLUSTER_STATE` is set (the test entry point exports it), that
+/// cluster is used. Otherwise the local development cluster is started, or
+/// reused if it runs already, with `hack/local-cluster.sh up`; it is left
+/// running for the next test run (`hack/local-cluster.sh down` stops it).
+///
+/// # Panics
+/// When no cluster can be found or started: every test needs one, and the
+/// message says what went wrong.
+pub fn cluster() -> &'static LocalCluster {
+    static CLUSTER: OnceLock<LocalCluster> = OnceLock::new();
+    CLUSTER.get_or_init(|| {
+        LocalCluster::locate().unwrap_or_else(|e| panic!("no local cluster for tests: {e}"))
+    })
+}
+
+impl LocalCluster {
+    fn locate() -> Result<Self, Error> {
+        let state_dir = match std::env::var_os("CAIRN_CLUSTER_STATE") {
+            Some(dir) => PathBuf::from(dir),
+            None => start_dev_cluster()?,
+        };
+        Self::from_state_dir(&state_dir)
+    }
+
+    /// Reads a cluster's `env` file and admin kubeconfig.
+    pub fn from_state_dir(state_dir: &Path) -> Result<Self, Error> {
+        let env_path = state_dir.join("env");
+        let text = std::fs::read_to_string(&env_path).map_err(|e| {
+            Error::Setup(format!(
+                "cannot read {}: {e} (is the cluster up?)",
+                env_path.display()
+            ))
+        })?;
+        let env = parse_env(&text);
+        let get = |key: &str| {
+            env.get(key)
+                .cloned()
+                .ok_or_else(|| Error::Setup(format!("{} has no {key}", env_path.display())))
+        };
+        let kubeconfig_path = get("KUBECONFIG")?;
+        let kubeconfig = Kubeconfig::read_from(&kubeconfig_path)
+            .map_err(|e| Error::Setup(format!("cannot read {kubeconfig_path}: {e}")))?;
+        Ok(Self {
+            state_dir: state_dir.to_owned(),
+            kubeconfig,
+            s3_endpoint: get("CAIRN_S3_ENDPOINT")?,
+            bin_dir: get("CAIRN_BIN")?.into(),
+        })
+    }
+
+    /// The admin's client configuration (a member of `system:masters`).
+    pub async fn admin_config(&self) -> Result<Config, Error> {
+        let options = KubeConfigOptions::default();
+        Config::from_custom_kubeconfig(self.kubeconfig.clone(), &options)
+            .await
+            .map_err(|e| Error::Setup(format!("admin kubeconfig: {e}")))
+    }
+
+    /// A client with full rights, for setting up and observing tests.
+    pub async fn admin_client(&self) -> Result<Client, Error> {
+        Ok(Client::try_from(self.admin_config().await?)?)
+    }
+
+    /// A client that impersonates ServiceAccount `namespace/name`: the API
+    /// server authorizes its requests exactly as it would the account's own
+    /// token, so tests prove a component works with the RBAC it is given.
+    pub async fn client_as_service_account(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Client, Error> {
+        let mut config = self.admin_config().await?;
+        config.auth_info.impersonate = Some(format!("system:serviceaccount:{namespace}:{name}"));
+        config.auth_info.impersonate_groups = Some(vec![
+            "system:serviceaccounts".to_owned(),
+            format!("system:serviceaccounts:{namespace}"),
+            "system:authenticated".to_owned(),
+        ]);
+        Ok(Client::try_from(config)?)
+    }
+
+    /// A fresh namespace named `<prefix>-<random>`, deleted when the returned
+    /// value is dropped (kept if the test panicked, for inspection).
+    pub async fn namespace(&'static self, prefix: &str) -> Result<TestNamespace, Error> {
+        TestNamespace::create(self, prefix).await
+    }
+
+    /// The moto server's URL: an S3 (and other AWS services) endpoint.
+    pub fn s3_endpoint(&self) -> &str {
+        &self.s3_endpoint
+    }
+
+    /// The folder with the cluster's certificates, kubeconfig, logs and audit log.
+    pub fn state_dir(&self) -> &Path {
+        &self.state_dir
+    }
+
+    /// The API server's audit log (metadata of every write request).
+    pub fn audit_log(&self) -> PathBuf {
+        self.state_dir.join("logs/audit.log")
+    }
+
+    /// The folder with the pinned kubectl, helm and control plane binaries.
+    pub fn bin_dir(&self) -> &Path {
+        &self.bin_dir
+    }
+}
+
+/// Starts (or reuses) the development cluster and returns its state folder.
+fn start_dev_cluster() -> Result<PathBuf, Error> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../hack/local-cluster.sh");
+    let run = |command: &str| {
+        Command::new("bash")
+            .arg(&script)
+            .arg(command)
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .map_err(|e| Error::Setup(format!("cannot run {}: {e}", script.display())))
+            .and_then(|out| match out.status.success() {
+                true => Ok(String::from_utf8_lossy(&out.stdout).into_owned()),
+                false => Err(Error::Setup(format!(
+                    "{} {command} failed ({})",
+                    script.display(),
+                    out.status
+                ))),
+            })
+    };
+    run("up")?;
+    parse_env(&run("env")?)
+        .remove("CAIRN_CLUSTER_STATE")
+        .map(PathBuf::from)
+        .ok_or_else(|| Error::Setup("local-cluster.sh env printed no CAIRN_CLUSTER_STATE".into()))
+}
+
+/// Parses `export KEY=VALUE` lines (values are written unquoted).
+fn parse_env(text: &str) -> HashMap<String, String> {
+    text.lines()
+        .filter_map(|line| {
+            let line = line.trim();
+            let line = line.strip_prefix("export ").unwrap_or(line);
+            let (key, value) = line.split_once('=')?;
+            Some((key.trim().to_owned(), value.trim().to_owned()))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_env;
+
+    #[test]
+    fn parses_exported_and_plain_assignments() {
+        let env = parse_env("export KUBECONFIG=/x/kubeconfig\nCAIRN_BIN=/b\n\n# comment\n");
+        assert_eq!(env["KUBECONFIG"], "/x/kubeconfig");
+        assert_eq!(env["CAIRN_BIN"], "/b");
+        assert_eq!(env.len(), 2);
+    }
+}

@@ -1,0 +1,131 @@
+//! A fresh namespace per test, removed afterwards.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{DeleteParams, PostParams};
+use kube::{Api, Client, Resource};
+use serde_json::json;
+
+use crate::{Error, LocalCluster};
+
+/// Label on every namespace the harness creates, so leftovers are easy to find:
+/// `kubectl get ns -l cairn.dev/test`.
+pub const TEST_LABEL: &str = "cairn.dev/test";
+
+/// A namespace created for one test, with an admin client.
+///
+/// Dropping it deletes the namespace (without waiting), unless the test is
+/// panicking or `CAIRN_KEEP_NAMESPACES` is set: then it stays for inspection
+/// and its name is printed.
+pub struct TestNamespace {
+    pub name: String,
+    pub client: Client,
+    cluster: &'static LocalCluster,
+}
+
+impl TestNamespace {
+    pub(crate) async fn create(
+        cluster: &'static LocalCluster,
+        prefix: &str,
+    ) -> Result<Self, Error> {
+        let client = cluster.admin_client().await?;
+        let name = format!("{prefix}-{}", unique_suffix());
+        let namespace: Namespace = serde_json::from_value(json!({
+            "metadata": { "name": name, "labels": { TEST_LABEL: "true" } }
+        }))
+        .map_err(|e| Error::Setup(e.to_string()))?;
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &namespace)
+            .await?;
+        Ok(Self {
+            name,
+            client,
+            cluster,
+        })
+    }
+
+    /// An `Api` for namespaced objects of kind `K` in this namespace.
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        <K as Resource>::DynamicType: Default,
+    {
+        Api::namespaced(self.client.clone(), &self.name)
+    }
+
+    /// A client impersonating ServiceAccount `name` of this namespace.
+    pub async fn client_as_service_account(&self, name: &str) -> Result<Client, Error> {
+        self.cluster
+            .client_as_service_account(&self.name, name)
+            .await
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        if std::thread::panicking() || std::env::var_os("CAIRN_KEEP_NAMESPACES").is_some() {
+            eprintln!("keeping namespace {} for inspection", self.name);
+            return;
+        }
+        // Drop cannot await, and the test's runtime may be single-threaded:
+        // delete from a thread with a runtime and a client of its own.
+        let (cluster, name) = (self.cluster, self.name.clone());
+        let deleted = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            runtime.block_on(async {
+                let client = cluster.admin_client().await.map_err(|e| e.to_string())?;
+                Api::<Namespace>::all(client)
+                    .delete(&name, &DeleteParams::background())
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            })
+        })
+        .join();
+        if let Ok(Err(e)) = deleted {
+            eprintln!("could not delete namespace {}: {e}", self.name);
+        }
+    }
+}
+
+/// A short suffix unique within this machine for the life of a test run:
+/// process id, clock and a counter, in base 36.
+fn unique_suffix() -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default();
+    let mixed = (u64::from(std::process::id()) << 32 | u64::from(nanos))
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add(u64::from(COUNTER.fetch_add(1, Ordering::Relaxed)));
+    let mut n = mixed;
+    let mut out = String::new();
+    for _ in 0..6 {
+        out.push(char::from_digit((n % 36) as u32, 36).unwrap_or('0'));
+        n /= 36;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unique_suffix;
+
+    #[test]
+    fn suffixes_are_dns_labels_and_differ() {
+        let a = unique_suffix();
+        let b = unique_suffix();
+        assert_ne!(a, b);
+        assert!(
+            a.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+        );
+        assert_eq!(a.len(), 6);
+    }
+}
