@@ -74,4 +74,24 @@ build kubernetes k8s.io/kubernetes "$(k8s_version_ldflags)" \
   kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler \
   kubectl=k8s.io/kubernetes/cmd/kubectl
 
+# kwok's behaviour comes from Stage objects, which its module ships as YAML
+# (kustomize/stage): the "fast" set, as kwokctl uses it. Taken from the pinned
+# module, never copied into this repository.
+kwok_stages() {
+  local out
+  out=$(tool_dir kwok sigs.k8s.io/kwok)-stages.yaml
+  if [[ ! -s "$out" ]]; then
+    local src
+    src=$(cd "$CAIRN_ROOT/hack/tools/kwok" && go mod download -json sigs.k8s.io/kwok | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+    for f in "$src"/kustomize/stage/{node/fast,node/heartbeat-with-lease,pod/fast}/*.yaml; do
+      [[ $(basename "$f") == kustomization.yaml ]] && continue
+      echo "---"
+      cat "$f"
+    done >"$out.partial"
+    mv "$out.partial" "$out"
+  fi
+  ln -sf "$out" "$BIN/kwok-stages.yaml"
+}
+kwok_stages
+
 echo "$BIN"

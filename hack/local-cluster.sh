@@ -30,7 +30,7 @@ free_port() {
 # logging to logs/NAME.log.
 start() {
   local name=$1; shift
-  setsid "$@" >"$STATE/logs/$name.log" 2>&1 </dev/null &
+  setsid "$@" >"$STATE/logs/$name.log" 2>&1 </dev/null 9>&- &
   echo $! >"$STATE/pids/$name.pid"
 }
 
@@ -56,12 +56,13 @@ wait_for() {
 
 apiserver_get() { # path
   curl -sf --cacert "$STATE/pki/ca.crt" --cert "$STATE/pki/admin.crt" --key "$STATE/pki/admin.key" \
-    "$(state_value CAIRN_APISERVER)$1"
+    "$APISERVER_URL$1"
 }
 
 state_value() { sed -n "s/^export $1=//p" "$STATE/env" 2>/dev/null; }
 
 running() {
+  APISERVER_URL=$(state_value CAIRN_APISERVER)
   [[ -f "$STATE/env" ]] && alive kube-apiserver && [[ "$(apiserver_get /readyz 2>/dev/null)" == ok ]]
 }
 
@@ -151,6 +152,7 @@ POLICY
     --service-account-signing-key-file="$pki/service-account.key" \
     --service-cluster-ip-range="$SERVICE_CIDR" \
     --allow-privileged=true \
+    --endpoint-reconciler-type=none \
     --audit-policy-file="$STATE/audit-policy.yaml" --audit-log-path="$STATE/logs/audit.log" \
     --audit-log-format=json --audit-log-mode=batch --audit-log-batch-max-wait=1s \
     --profiling=false
@@ -171,6 +173,7 @@ start_controllers() {
     --kubeconfig="$kubeconfig" --authentication-kubeconfig="$kubeconfig" --authorization-kubeconfig="$kubeconfig" \
     --bind-address=127.0.0.1 --secure-port="$(free_port)" --leader-elect=false
   start kwok "$BIN/kwok" --kubeconfig="$kubeconfig" --manage-all-nodes=true \
+    --config="$BIN/kwok-stages.yaml" --node-lease-duration-seconds=40 \
     --server-address="127.0.0.1:$(free_port)"
 }
 
@@ -245,10 +248,13 @@ up() {
   local start_time=$SECONDS port
   BIN=$("$CAIRN_ROOT/hack/build-tools.sh")
   mkdir -p "$STATE/logs" "$STATE/pids"
+  # A failed start leaves nothing running.
+  trap 'log "start failed; stopping what was started"; down_quietly' EXIT
   log "starting local cluster in $STATE"
   make_pki
   port=$(free_port)
-  write_kubeconfig "https://127.0.0.1:$port"
+  APISERVER_URL="https://127.0.0.1:$port"
+  write_kubeconfig "$APISERVER_URL"
   start_etcd
   MOTO_URL="http://127.0.0.1:$(free_port)"
   start_moto & # in parallel: the first run creates moto's virtualenv
@@ -259,12 +265,12 @@ up() {
   wait_for kwok "three Ready nodes" nodes_ready
   wait_for kube-controller-manager "the default ServiceAccount" default_service_account
   wait "$moto_job" || die "moto did not start (log: $STATE/logs/moto.log)"
-  write_env "https://127.0.0.1:$port"
+  write_env "$APISERVER_URL"
+  trap - EXIT
   log "local cluster ready in $((SECONDS - start_time)) s"
 }
 
-# Stops every component (SIGTERM to its process group, SIGKILL after 10 s),
-# removes the volumes the host-path provisioner made for this cluster, then the
+# Stops every component, removes the volumes the host-path provisioner made for this cluster, then the
 # state folder.
 down_quietly() {
   if alive kube-apiserver && [[ -f "$STATE/kubeconfig" ]]; then
@@ -274,20 +280,24 @@ down_quietly() {
     done < <("$CAIRN_CACHE/bin/kubectl" --kubeconfig "$STATE/kubeconfig" --request-timeout=5s get pv \
       -o jsonpath='{range .items[*]}{.spec.hostPath.path}{"\n"}{end}' 2>/dev/null || true)
   fi
-  local pidfile pid deadline
-  for pidfile in "$STATE"/pids/*.pid; do
-    [[ -f "$pidfile" ]] || continue
-    pid=$(cat "$pidfile")
-    kill -TERM -- "-$pid" 2>/dev/null || true
-  done
-  deadline=$((SECONDS + 10))
-  for pidfile in "$STATE"/pids/*.pid; do
-    [[ -f "$pidfile" ]] || continue
-    pid=$(cat "$pidfile")
-    while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.1; done
-    kill -KILL -- "-$pid" 2>/dev/null || true
+  # Clients before servers: etcd last, so the API server can shut down cleanly.
+  local name
+  for name in kwok kube-scheduler kube-controller-manager moto kube-apiserver etcd; do
+    stop_component "$name"
   done
   rm -rf "$STATE"
+}
+
+# stop_component NAME: SIGTERM to its process group, SIGKILL after 10 s.
+stop_component() {
+  local pidfile=$STATE/pids/$1.pid pid deadline
+  [[ -f "$pidfile" ]] || return 0
+  pid=$(cat "$pidfile")
+  kill -TERM -- "-$pid" 2>/dev/null || true
+  deadline=$((SECONDS + 10))
+  while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.1; done
+  kill -KILL -- "-$pid" 2>/dev/null || true
+  rm -f "$pidfile"
 }
 
 down() {
