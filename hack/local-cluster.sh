@@ -34,7 +34,9 @@ start() {
   echo $! >"$STATE/pids/$name.pid"
 }
 
-alive() { [[ -f "$STATE/pids/$1.pid" ]] && kill -0 "$(cat "$STATE/pids/$1.pid")" 2>/dev/null; }
+# A process is alive until it exits; a zombie (exited, not yet reaped by init) is not.
+pid_alive() { [[ -r /proc/$1/stat ]] && [[ $(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) != Z ]]; }
+alive() { [[ -f "$STATE/pids/$1.pid" ]] && pid_alive "$(cat "$STATE/pids/$1.pid")"; }
 
 # wait_for NAME DESCRIPTION COMMAND... : polls COMMAND until it succeeds; fails
 # with the component's log tail if the component exits or time runs out.
@@ -295,8 +297,11 @@ stop_component() {
   pid=$(cat "$pidfile")
   kill -TERM -- "-$pid" 2>/dev/null || true
   deadline=$((SECONDS + 10))
-  while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.1; done
-  kill -KILL -- "-$pid" 2>/dev/null || true
+  while pid_alive "$pid" && ((SECONDS < deadline)); do sleep 0.1; done
+  if pid_alive "$pid"; then
+    log "$1 did not stop within 10 s of SIGTERM; killing it"
+    kill -KILL -- "-$pid" 2>/dev/null || true
+  fi
   rm -f "$pidfile"
 }
 

@@ -27,7 +27,13 @@ lint() {
 
 STATE=""
 stop_cluster() {
+  local status=$?
   [[ -n "$STATE" ]] || return 0
+  if ((status != 0)); then
+    rm -rf "$CAIRN_CACHE/last-test-logs"
+    cp -r "$STATE/logs" "$CAIRN_CACHE/last-test-logs" 2>/dev/null &&
+      log "tests failed: component logs kept in $CAIRN_CACHE/last-test-logs"
+  fi
   "$CAIRN_ROOT/hack/local-cluster.sh" down "$STATE"
   # Nothing of the cluster may outlive it.
   if pgrep -f -- "$STATE" >/dev/null; then
@@ -45,8 +51,8 @@ start_cluster() {
 }
 
 total_start=$SECONDS
-step "tools" true
-BIN=$("$CAIRN_ROOT/hack/build-tools.sh")
+build_tools() { BIN=$("$CAIRN_ROOT/hack/build-tools.sh"); }
+step "tools" build_tools
 step "moto virtualenv" "$CAIRN_ROOT/hack/moto-venv.sh" >/dev/null
 step "lint" lint
 step "build tests" cargo test --workspace --locked --no-run
