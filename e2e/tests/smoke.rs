@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use cairn_testing::{cluster, wait};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Node, PersistentVolumeClaim, Pod, Secret, ServiceAccount,
+};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, PostParams};
@@ -289,5 +291,74 @@ async fn s3_bucket_is_created_and_deleted_on_moto() -> Result {
     s3.delete_bucket().bucket(&bucket).send().await?;
     assert!(!names(s3.list_buckets().send().await?).contains(&bucket));
     assert!(s3.head_bucket().bucket(&bucket).send().await.is_err());
+    Ok(())
+}
+
+#[tokio::test]
+async fn audit_log_attributes_writes_to_the_service_account_that_made_them() -> Result {
+    let ns = cluster().namespace("smoke-audit").await?;
+    let account: ServiceAccount = from_json(json!({ "metadata": { "name": "writer" } }));
+    ns.api::<ServiceAccount>()
+        .create(&PostParams::default(), &account)
+        .await?;
+    let role: Role = from_json(json!({
+        "metadata": { "name": "configmap-writer" },
+        "rules": [{ "apiGroups": [""], "resources": ["configmaps"], "verbs": ["create", "list"] }]
+    }));
+    let binding: RoleBinding = from_json(json!({
+        "metadata": { "name": "writer-writes-configmaps" },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "configmap-writer" },
+        "subjects": [{ "kind": "ServiceAccount", "name": "writer", "namespace": ns.name }]
+    }));
+    ns.api::<Role>()
+        .create(&PostParams::default(), &role)
+        .await?;
+    ns.api::<RoleBinding>()
+        .create(&PostParams::default(), &binding)
+        .await?;
+
+    let as_writer = ns.client_as_service_account("writer").await?;
+    let config_maps = Api::<ConfigMap>::namespaced(as_writer, &ns.name);
+    let config_map: ConfigMap = from_json(json!({ "metadata": { "name": "audited" } }));
+    wait::until(
+        "the writer to create a ConfigMap",
+        Duration::from_secs(10),
+        || async {
+            config_maps
+                .create(&PostParams::default(), &config_map)
+                .await
+                .map(Some)
+                .map_err(|e| e.to_string())
+        },
+    )
+    .await?;
+    config_maps.list(&ListParams::default()).await?;
+
+    let user = format!("system:serviceaccount:{}:writer", ns.name);
+    let log = cluster().audit_log();
+    let writes = wait::until(
+        "the audit log to record the create",
+        Duration::from_secs(10),
+        || async {
+            let writes: Vec<_> = cairn_testing::audit::write_requests(&log)
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .filter(|w| w.user == user)
+                .collect();
+            match writes.iter().any(|w| w.code == Some(201)) {
+                true => Ok(Some(writes)),
+                false => Err(format!("{} writes by {user}", writes.len())),
+            }
+        },
+    )
+    .await?;
+    let created: Vec<_> = writes.iter().filter(|w| w.code == Some(201)).collect();
+    assert_eq!(created.len(), 1, "{writes:?}");
+    assert_eq!(created[0].verb, "create");
+    assert_eq!(created[0].resource, "configmaps");
+    assert_eq!(created[0].name.as_deref(), Some("audited"));
+    // Reads are not audited: only the create (and any 403s before the
+    // RoleBinding took effect) are attributed to the writer.
+    assert!(writes.iter().all(|w| w.verb == "create"), "{writes:?}");
     Ok(())
 }

@@ -5,8 +5,8 @@
 //! local development cluster), [`LocalCluster::namespace`] gives each test a
 //! fresh namespace, [`LocalCluster::client_as_service_account`] a client that
 //! impersonates a ServiceAccount, [`crds::install`] installs CRDs, [`s3`] talks
-//! to the moto server, and [`wait`] polls for a condition with a readable
-//! failure message.
+//! to the moto server, [`wait`] polls for a condition with a readable failure
+//! message, and [`audit`] counts write requests by user.
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), cairn_testing::Error> {
@@ -15,6 +15,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod audit;
 mod cluster;
 pub mod crds;
 mod error;
