@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the pinned upstream components (hack/tools/*) from their Go modules into
 # $CAIRN_CACHE/tools/<component>-<version>-<hash>/ and links them into
-# $CAIRN_CACHE/bin. A component already in the cache is never rebuilt.
+# $CAIRN_CACHE/bin-<hash of all pins>/. A component already in the cache is never rebuilt.
 #
 # CAIRN_PREBUILT_BIN_DIR: a folder of ready binaries (for example from
 # setup-envtest or a release download on a CI runner that has internet). Any
@@ -12,8 +12,11 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=readonly
-BIN="$CAIRN_CACHE/bin"
+BIN=$(bin_dir)
 mkdir -p "$BIN"
+# One build at a time per cache (dev-up and test may start together).
+exec 8>"$CAIRN_CACHE/tools.lock"
+flock -w 3600 8 || die "another build holds $CAIRN_CACHE/tools.lock"
 
 # build COMPONENT MODULE_PATH LDFLAGS BINARY=PACKAGE...
 build() {
@@ -37,10 +40,19 @@ build() {
   for spec in "${missing[@]}"; do
     name=${spec%%=*}
     # One go build per binary: the Go build cache shares compiled packages.
+    local build_log=$dir.partial/$name.log
     (cd "$CAIRN_ROOT/hack/tools/$component" &&
-      go build -v -trimpath -ldflags "-s -w $ldflags" -o "$dir.partial/$name" "${spec#*=}") 2>&1 |
-      awk '{ n++ } n % 100 == 0 { printf "[cairn]   %s: %d packages compiled, now %s\n", c, n, $0; fflush() }' c="$name" >&2
-    [[ ${PIPESTATUS[0]} -eq 0 && -x "$dir.partial/$name" ]] || die "build of $name failed"
+      exec go build -v -trimpath -ldflags "-s -w $ldflags" -o "$dir.partial/$name" "${spec#*=}") >"$build_log" 2>&1 &
+    local build_pid=$!
+    local polls=0
+    while proc_running "$build_pid"; do
+      sleep 1
+      ((++polls % 30)) || log "  $name: $(wc -l <"$build_log") packages compiled so far ($((SECONDS - start)) s)"
+    done
+    if ! wait "$build_pid" || [[ ! -x "$dir.partial/$name" ]]; then
+      tail -n 40 "$build_log" >&2
+      die "build of $name failed (full log: $build_log)"
+    fi
   done
   mkdir -p "$dir"
   for spec in "${missing[@]}"; do

@@ -11,6 +11,12 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$CAIRN_CACHE/cargo-target}
 log() { printf '\033[1;34m[cairn]\033[0m %s\n' "$*" >&2; }
 die() { printf '\033[1;31m[cairn] error:\033[0m %s\n' "$*" >&2; exit 1; }
 
+# Fields of /proc/PID/stat after the command name (which may hold spaces):
+# the state is the 1st, the start time (in clock ticks since boot) the 20th.
+proc_stat() { [[ -r /proc/$1/stat ]] && sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null; }
+# Whether PID runs: a zombie (exited, not yet reaped) does not.
+proc_running() { local stat; stat=$(proc_stat "$1") && [[ ${stat%% *} != Z ]]; }
+
 # Version of a tool as pinned in its tools module (hack/tools/<component>/go.mod).
 pinned_version() { # component module-path
   awk -v m="$2" '$1 == m && $2 ~ /^v/ {print $2; exit}' "$CAIRN_ROOT/hack/tools/$1/go.mod"
@@ -23,6 +29,12 @@ tool_dir() { # component module-path
   version=$(pinned_version "$1" "$2")
   hash=$(cat "$CAIRN_ROOT/hack/tools/$1/go.mod" "$CAIRN_ROOT/hack/tools/$1/go.sum" | sha256sum | cut -c1-12)
   echo "$CAIRN_CACHE/tools/$1-$version-$hash"
+}
+
+# The folder of links to the binaries of the current pins: one per set of pins,
+# so clones of the repository at different pins never repoint each other's.
+bin_dir() {
+  echo "$CAIRN_CACHE/bin-$(cat "$CAIRN_ROOT"/hack/tools/*/go.mod "$CAIRN_ROOT"/hack/tools/*/go.sum | sha256sum | cut -c1-12)"
 }
 
 KUBERNETES_VERSION=$(pinned_version kubernetes k8s.io/kubernetes)

@@ -21,22 +21,40 @@ START_TIMEOUT=${CAIRN_START_TIMEOUT:-90}
 
 usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+# free_ports N: N distinct free loopback ports. All sockets are held open until
+# every port is chosen, so no two of them coincide.
+free_ports() {
+  python3 -c '
+import socket, sys
+socks = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in socks: s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in socks))' "$1"
 }
 
 # start NAME COMMAND... : runs COMMAND in a session of its own (so a Ctrl-C in
 # the calling terminal does not reach it and `down` can signal its whole group),
 # logging to logs/NAME.log.
+# The pid file holds the pid and the process's start time, so a pid reused by
+# another process (after a reboot, say) is never mistaken for ours.
 start() {
   local name=$1; shift
   setsid "$@" >"$STATE/logs/$name.log" 2>&1 </dev/null 9>&- &
-  echo $! >"$STATE/pids/$name.pid"
+  echo "$! $(start_time $!)" >"$STATE/pids/$name.pid"
 }
 
-# A process is alive until it exits; a zombie (exited, not yet reaped by init) is not.
-pid_alive() { [[ -r /proc/$1/stat ]] && [[ $(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) != Z ]]; }
-alive() { [[ -f "$STATE/pids/$1.pid" ]] && pid_alive "$(cat "$STATE/pids/$1.pid")"; }
+start_time() { proc_stat "$1" | awk '{print $20}'; }
+
+# The pid of component NAME if that very process is still running (a zombie,
+# exited but not yet reaped by init, is not), else nothing.
+live_pid() {
+  local pid started stat
+  [[ -f "$STATE/pids/$1.pid" ]] || return 1
+  read -r pid started <"$STATE/pids/$1.pid"
+  stat=$(proc_stat "$pid") || return 1
+  [[ $(awk '{print $1}' <<<"$stat") != Z && $(awk '{print $20}' <<<"$stat") == "$started" ]] || return 1
+  echo "$pid"
+}
+alive() { live_pid "$1" >/dev/null; }
 
 # wait_for NAME DESCRIPTION COMMAND... : polls COMMAND until it succeeds; fails
 # with the component's log tail if the component exits or time runs out.
@@ -57,7 +75,7 @@ wait_for() {
 }
 
 apiserver_get() { # path
-  curl -sf --cacert "$STATE/pki/ca.crt" --cert "$STATE/pki/admin.crt" --key "$STATE/pki/admin.key" \
+  curl -sf --max-time 5 --cacert "$STATE/pki/ca.crt" --cert "$STATE/pki/admin.crt" --key "$STATE/pki/admin.key" \
     "$APISERVER_URL$1"
 }
 
@@ -68,7 +86,7 @@ running() {
   [[ -f "$STATE/env" ]] && alive kube-apiserver && [[ "$(apiserver_get /readyz 2>/dev/null)" == ok ]]
 }
 
-kubectl_() { "$BIN/kubectl" --kubeconfig "$STATE/kubeconfig" "$@"; }
+kubectl_() { "$BIN/kubectl" --kubeconfig "$STATE/kubeconfig" --request-timeout=10s "$@"; }
 
 # ---- certificates -----------------------------------------------------------
 
@@ -121,14 +139,13 @@ KUBECONFIG
 # ---- components -------------------------------------------------------------
 
 start_etcd() {
-  local client_port peer_port
-  client_port=$(free_port) peer_port=$(free_port)
+  local client_port=$1 peer_port=$2
   start etcd "$BIN/etcd" --name=cairn --data-dir="$STATE/etcd" --unsafe-no-fsync \
     --listen-client-urls="http://127.0.0.1:$client_port" --advertise-client-urls="http://127.0.0.1:$client_port" \
     --listen-peer-urls="http://127.0.0.1:$peer_port" --initial-advertise-peer-urls="http://127.0.0.1:$peer_port" \
     --initial-cluster="cairn=http://127.0.0.1:$peer_port" --log-level=warn
   ETCD_URL="http://127.0.0.1:$client_port"
-  wait_for etcd "etcd to serve" curl -sf "$ETCD_URL/health"
+  wait_for etcd "etcd to serve" curl -sf --max-time 5 "$ETCD_URL/health"
 }
 
 start_apiserver() {
@@ -161,11 +178,11 @@ POLICY
   wait_for kube-apiserver "kube-apiserver to be ready" apiserver_get /readyz
 }
 
-start_controllers() {
+start_controllers() { # ports: controller-manager scheduler kwok
   local pki=$STATE/pki kubeconfig=$STATE/kubeconfig
   start kube-controller-manager "$BIN/kube-controller-manager" \
     --kubeconfig="$kubeconfig" --authentication-kubeconfig="$kubeconfig" --authorization-kubeconfig="$kubeconfig" \
-    --bind-address=127.0.0.1 --secure-port="$(free_port)" --leader-elect=false \
+    --bind-address=127.0.0.1 --secure-port="$1" --leader-elect=false \
     --controllers='*' --use-service-account-credentials=false \
     --service-account-private-key-file="$pki/service-account.key" --root-ca-file="$pki/ca.crt" \
     --cluster-signing-cert-file="$pki/ca.crt" --cluster-signing-key-file="$pki/ca.key" \
@@ -173,10 +190,10 @@ start_controllers() {
     --concurrent-gc-syncs=10
   start kube-scheduler "$BIN/kube-scheduler" \
     --kubeconfig="$kubeconfig" --authentication-kubeconfig="$kubeconfig" --authorization-kubeconfig="$kubeconfig" \
-    --bind-address=127.0.0.1 --secure-port="$(free_port)" --leader-elect=false
+    --bind-address=127.0.0.1 --secure-port="$2" --leader-elect=false
   start kwok "$BIN/kwok" --kubeconfig="$kubeconfig" --manage-all-nodes=true \
     --config="$BIN/kwok-stages.yaml" --node-lease-duration-seconds=40 \
-    --server-address="127.0.0.1:$(free_port)"
+    --server-address="127.0.0.1:$3"
 }
 
 create_nodes_and_storage() {
@@ -223,11 +240,11 @@ nodes_ready() {
 
 default_service_account() { kubectl_ -n default get serviceaccount default; }
 
-start_moto() {
+start_moto() { # port
   local venv
   venv=$("$CAIRN_ROOT/hack/moto-venv.sh")
-  start moto "$venv/bin/moto_server" -H 127.0.0.1 -p "${MOTO_URL##*:}"
-  wait_for moto "moto to serve" curl -sf "$MOTO_URL/moto-api/"
+  start moto "$venv/bin/moto_server" -H 127.0.0.1 -p "$1"
+  MOTO_URL="http://127.0.0.1:$1"
 }
 
 write_env() {
@@ -247,40 +264,49 @@ up() {
     return 0
   fi
   [[ -d "$STATE" ]] && down_quietly
-  local start_time=$SECONDS port
+  local start_time=$SECONDS ports
   BIN=$("$CAIRN_ROOT/hack/build-tools.sh")
   mkdir -p "$STATE/logs" "$STATE/pids"
-  # A failed start leaves nothing running.
-  trap 'log "start failed; stopping what was started"; down_quietly' EXIT
+  # A failed start leaves nothing running, and its logs where they can be read.
+  trap 'start_failed' EXIT
   log "starting local cluster in $STATE"
   make_pki
-  port=$(free_port)
-  APISERVER_URL="https://127.0.0.1:$port"
+  # etcd client, etcd peer, apiserver, moto, controller-manager, scheduler, kwok
+  read -r -a ports <<<"$(free_ports 7)"
+  APISERVER_URL="https://127.0.0.1:${ports[2]}"
   write_kubeconfig "$APISERVER_URL"
-  start_etcd
-  MOTO_URL="http://127.0.0.1:$(free_port)"
-  start_moto & # in parallel: the first run creates moto's virtualenv
-  local moto_job=$!
-  start_apiserver "$port"
+  start_moto "${ports[3]}" # starts in parallel; waited for at the end
+  start_etcd "${ports[0]}" "${ports[1]}"
+  start_apiserver "${ports[2]}"
   create_nodes_and_storage
-  start_controllers
+  start_controllers "${ports[4]}" "${ports[5]}" "${ports[6]}"
   wait_for kwok "three Ready nodes" nodes_ready
   wait_for kube-controller-manager "the default ServiceAccount" default_service_account
-  wait "$moto_job" || die "moto did not start (log: $STATE/logs/moto.log)"
+  wait_for moto "moto to serve" curl -sf --max-time 5 "$MOTO_URL/moto-api/"
   write_env "$APISERVER_URL"
   trap - EXIT
   log "local cluster ready in $((SECONDS - start_time)) s"
 }
 
-# Stops every component, removes the volumes the host-path provisioner made for this cluster, then the
-# state folder.
+start_failed() {
+  local kept=$STATE.failed-logs
+  rm -rf "$kept"
+  cp -r "$STATE/logs" "$kept" 2>/dev/null || true
+  log "start failed; stopping what was started (component logs kept in $kept)"
+  down_quietly
+}
+
+# Stops every component, removes the volumes the host-path provisioner made
+# for this cluster, then the state folder.
 down_quietly() {
   if alive kube-apiserver && [[ -f "$STATE/kubeconfig" ]]; then
     local path
     while read -r path; do
-      [[ "$path" == /tmp/hostpath_pv/* ]] && rm -rf "$path"
-    done < <("$CAIRN_CACHE/bin/kubectl" --kubeconfig "$STATE/kubeconfig" --request-timeout=5s get pv \
+      path=$(realpath -m "$path")
+      [[ "$path" == /tmp/hostpath_pv/?* ]] && rm -rf "$path"
+    done < <("$(bin_dir)/kubectl" --kubeconfig "$STATE/kubeconfig" --request-timeout=5s get pv \
       -o jsonpath='{range .items[*]}{.spec.hostPath.path}{"\n"}{end}' 2>/dev/null || true)
+    rmdir --ignore-fail-on-non-empty /tmp/hostpath_pv 2>/dev/null || true
   fi
   # Clients before servers: etcd last, so the API server can shut down cleanly.
   local name
@@ -292,17 +318,20 @@ down_quietly() {
 
 # stop_component NAME: SIGTERM to its process group, SIGKILL after 10 s.
 stop_component() {
-  local pidfile=$STATE/pids/$1.pid pid deadline
-  [[ -f "$pidfile" ]] || return 0
-  pid=$(cat "$pidfile")
-  kill -TERM -- "-$pid" 2>/dev/null || true
-  deadline=$((SECONDS + 10))
-  while pid_alive "$pid" && ((SECONDS < deadline)); do sleep 0.1; done
-  if pid_alive "$pid"; then
-    log "$1 did not stop within 10 s of SIGTERM; killing it"
-    kill -KILL -- "-$pid" 2>/dev/null || true
+  local pid deadline
+  if pid=$(live_pid "$1"); then
+    kill -TERM -- "-$pid" 2>/dev/null || true
+    deadline=$((SECONDS + 10))
+    while alive "$1" && ((SECONDS < deadline)); do sleep 0.1; done
+    if alive "$1"; then
+      log "$1 did not stop within 10 s of SIGTERM; killing it"
+      kill -KILL -- "-$pid" 2>/dev/null || true
+      deadline=$((SECONDS + 5))
+      while alive "$1" && ((SECONDS < deadline)); do sleep 0.1; done
+      alive "$1" && die "$1 (pid $pid) survived SIGKILL"
+    fi
   fi
-  rm -f "$pidfile"
+  rm -f "$STATE/pids/$1.pid"
 }
 
 down() {
@@ -316,7 +345,7 @@ STATE=$(realpath -m "${2:-$CAIRN_CACHE/clusters/dev}")
 mkdir -p "$(dirname "$STATE")"
 # One `up` or `down` at a time per state folder (parallel test binaries may race).
 exec 9>"$STATE.lock"
-flock 9
+flock -w 600 9 || die "another up or down holds $STATE.lock for 10 minutes"
 case "$cmd" in
   up) up ;;
   down) down ;;

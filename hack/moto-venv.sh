@@ -7,6 +7,9 @@ source "$(dirname "$0")/lib.sh"
 
 requirements=$CAIRN_ROOT/hack/moto-requirements.txt
 venv=$CAIRN_CACHE/venv/moto-$(sha256sum "$requirements" | cut -c1-12)
+mkdir -p "$CAIRN_CACHE"
+exec 8>"$CAIRN_CACHE/venv.lock"
+flock -w 600 8 || die "another install holds $CAIRN_CACHE/venv.lock"
 # The marker is written last, so an interrupted install is redone.
 if [[ ! -f "$venv/.complete" ]]; then
   log "creating moto virtualenv in $venv"

@@ -4,7 +4,8 @@
 #   2. lints: cargo fmt, cargo clippy -D warnings, actionlint, bash -n on hack/;
 #   3. starts a fresh local cluster in a temporary folder (stopped on exit);
 #   4. runs every Rust test of the workspace against it (cargo test).
-# Extra arguments go to cargo test, e.g. `hack/test.sh -p cairn-e2e --test smoke`.
+# Arguments, if any, replace `--workspace` in the cargo test call:
+#   hack/test.sh -p cairn-e2e --test smoke
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$CAIRN_ROOT"
@@ -30,14 +31,28 @@ stop_cluster() {
   local status=$?
   [[ -n "$STATE" ]] || return 0
   if ((status != 0)); then
-    rm -rf "$CAIRN_CACHE/last-test-logs"
-    cp -r "$STATE/logs" "$CAIRN_CACHE/last-test-logs" 2>/dev/null &&
-      log "tests failed: component logs kept in $CAIRN_CACHE/last-test-logs"
+    local logs
+    for logs in "$STATE/logs" "$STATE.failed-logs"; do
+      [[ -d "$logs" ]] || continue
+      rm -rf "$CAIRN_CACHE/last-test-logs"
+      cp -r "$logs" "$CAIRN_CACHE/last-test-logs"
+      log "failed: component logs kept in $CAIRN_CACHE/last-test-logs"
+    done
   fi
+  local pids
+  pids=$(cut -d' ' -f1 "$STATE"/pids/*.pid 2>/dev/null || true)
   "$CAIRN_ROOT/hack/local-cluster.sh" down "$STATE"
-  # Nothing of the cluster may outlive it.
-  if pgrep -f -- "$STATE" >/dev/null; then
-    pgrep -af -- "$STATE" >&2
+  # Nothing of the cluster may outlive it: no process of a component's process
+  # group, no process naming the state folder (zombies waiting for init to
+  # reap them have exited and do not count).
+  local pid survivors=()
+  for pid in $pids $(pgrep -f -- "$STATE" || true); do
+    for pid in $pid $(pgrep -g "$pid" || true); do
+      proc_running "$pid" && survivors+=("$pid")
+    done
+  done
+  if ((${#survivors[@]})); then
+    ps -o pid,pgid,stat,args -p "${survivors[*]}" >&2 || true
     die "processes of the test cluster are still running after down"
   fi
   rm -rf "$(dirname "$STATE")"
@@ -47,7 +62,10 @@ start_cluster() {
   STATE=$(mktemp -d -t cairn-test.XXXXXX)/cluster
   trap stop_cluster EXIT
   "$CAIRN_ROOT/hack/local-cluster.sh" up "$STATE"
-  export CAIRN_CLUSTER_STATE=$STATE
+  # KUBECONFIG and the rest point at the test cluster, for cargo test and any
+  # kubectl or helm the tests run.
+  # shellcheck disable=SC1091
+  source "$STATE/env"
 }
 
 total_start=$SECONDS
@@ -55,9 +73,11 @@ build_tools() { BIN=$("$CAIRN_ROOT/hack/build-tools.sh"); }
 step "tools" build_tools
 step "moto virtualenv" "$CAIRN_ROOT/hack/moto-venv.sh" >/dev/null
 step "lint" lint
-step "build tests" cargo test --workspace --locked --no-run
+test_args=("$@")
+((${#test_args[@]})) || test_args=(--workspace)
+step "build tests" cargo test --locked --no-run "${test_args[@]}"
 step "local cluster up" start_cluster
-step "cargo test" cargo test --workspace --locked "$@"
+step "cargo test" cargo test --locked "${test_args[@]}"
 step "local cluster down" stop_cluster
 trap - EXIT
 

@@ -5,8 +5,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
+use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config};
+use kube::{Api, Client, Config};
 
 use crate::{Error, TestNamespace};
 
@@ -88,12 +89,20 @@ impl LocalCluster {
     /// A client that impersonates ServiceAccount `namespace/name`: the API
     /// server authorizes its requests exactly as it would the account's own
     /// token, so tests prove a component works with the RBAC it is given.
+    /// The account must exist (impersonation alone would not check that).
     pub async fn client_as_service_account(
         &self,
         namespace: &str,
         name: &str,
     ) -> Result<Client, Error> {
         let mut config = self.admin_config().await?;
+        let accounts =
+            Api::<ServiceAccount>::namespaced(Client::try_from(config.clone())?, namespace);
+        if accounts.get_opt(name).await?.is_none() {
+            return Err(Error::Setup(format!(
+                "ServiceAccount {namespace}/{name} does not exist"
+            )));
+        }
         config.auth_info.impersonate = Some(format!("system:serviceaccount:{namespace}:{name}"));
         config.auth_info.impersonate_groups = Some(vec![
             "system:serviceaccounts".to_owned(),
@@ -104,7 +113,7 @@ impl LocalCluster {
     }
 
     /// A fresh namespace named `<prefix>-<random>`, deleted when the returned
-    /// value is dropped (kept if the test panicked, for inspection).
+    /// value is dropped (see [`TestNamespace`] for when it is kept).
     pub async fn namespace(&'static self, prefix: &str) -> Result<TestNamespace, Error> {
         TestNamespace::create(self, prefix).await
     }

@@ -16,9 +16,11 @@ pub const TEST_LABEL: &str = "cairn.dev/test";
 
 /// A namespace created for one test, with an admin client.
 ///
-/// Dropping it deletes the namespace (without waiting), unless the test is
-/// panicking or `CAIRN_KEEP_NAMESPACES` is set: then it stays for inspection
-/// and its name is printed.
+/// Dropping it deletes the namespace (without waiting), unless the thread is
+/// panicking (a failed `assert!` or `expect`) or `CAIRN_KEEP_NAMESPACES` is
+/// set: then it stays for inspection and its name is printed. A test that
+/// fails by returning `Err` has dropped its namespace by then; run it with
+/// `CAIRN_KEEP_NAMESPACES=1` to inspect it.
 pub struct TestNamespace {
     pub name: String,
     pub client: Client,

@@ -26,10 +26,13 @@ where
     let deadline = tokio::time::Instant::now() + timeout;
     let mut last_observed = String::from("nothing yet");
     loop {
-        match probe().await {
-            Ok(Some(value)) => return Ok(value),
-            Ok(None) => {}
-            Err(observed) => last_observed = observed,
+        // A probe that hangs (an API call during an outage) must not stretch
+        // the wait past its deadline.
+        match tokio::time::timeout_at(deadline, probe()).await {
+            Ok(Ok(Some(value))) => return Ok(value),
+            Ok(Ok(None)) => {}
+            Ok(Err(observed)) => last_observed = observed,
+            Err(_elapsed) => last_observed = format!("{last_observed} (last probe still running)"),
         }
         if tokio::time::Instant::now() >= deadline {
             return Err(Error::Timeout {
@@ -135,6 +138,18 @@ mod tests {
         let message = result.expect_err("must time out").to_string();
         assert!(message.contains("the impossible"), "{message}");
         assert!(message.contains("last observed: poll"), "{message}");
+    }
+
+    #[tokio::test]
+    async fn a_hanging_probe_does_not_outlive_the_deadline() {
+        let started = std::time::Instant::now();
+        let result: Result<(), Error> = until("a hang", Duration::from_millis(200), || async {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            Ok(None)
+        })
+        .await;
+        assert!(matches!(result, Err(Error::Timeout { .. })));
+        assert!(started.elapsed() < Duration::from_secs(5));
     }
 
     #[tokio::test]
