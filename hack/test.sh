@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine or a warm one:
 #   1. builds (or reuses) the pinned control plane and tools, and moto's virtualenv;
-#   2. lints: cargo fmt, cargo clippy -D warnings, actionlint, bash -n on hack/;
+#   2. lints: cargo fmt, cargo clippy -D warnings, actionlint, helm lint, bash -n;
 #   3. starts a fresh local cluster in a temporary folder (stopped on exit);
 #   4. runs every Rust test of the workspace against it (cargo test).
 # Arguments, if any, replace `--workspace` in the cargo test call:
@@ -22,6 +22,7 @@ lint() {
   cargo fmt --all -- --check
   cargo clippy --workspace --all-targets --locked -- -D warnings
   "$BIN/actionlint" .github/workflows/*.yml
+  "$BIN/helm" lint --quiet charts/*/
   local script
   for script in hack/*.sh hack/tools/*.sh .ci/run; do bash -n "$script"; done
 }

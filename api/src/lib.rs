@@ -1,7 +1,18 @@
 //! CRD types of Cairn's three API groups, one module per group and version.
 //!
 //! Each controller owns one group; the chart of that controller ships the
-//! group's CRDs.
+//! group's CRDs (see [`crds`] and the `crdgen` binary).
+
+// kube's `printcolumn(type_ = ..)` repeats keys across columns, which clippy
+// mistakes for duplicated attributes.
+#[allow(clippy::duplicated_attributes)]
+pub mod backup;
+#[allow(clippy::duplicated_attributes)]
+pub mod cloud;
+pub mod common;
+pub mod crds;
+#[allow(clippy::duplicated_attributes)]
+pub mod database;
 
 /// API group of `DatabaseCluster`, reconciled by cairn-database-controller.
 pub const DATABASE_GROUP: &str = "database.cairn.dev";

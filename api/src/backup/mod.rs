@@ -1,0 +1,3 @@
+//! The `backup.cairn.dev` group: `Backup` and `BackupSchedule`.
+
+pub mod v1;

@@ -1,0 +1,256 @@
+//! `backup.cairn.dev/v1`: `Backup` and `BackupSchedule`.
+
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::common::{Condition, LocalObjectReference, Time};
+
+/// One backup of a DatabaseCluster, made by a Job and stored in object storage.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "backup.cairn.dev",
+    version = "v1",
+    kind = "Backup",
+    namespaced,
+    status = "BackupStatus",
+    shortname = "bk",
+    category = "cairn",
+    validation = Rule::new("self.spec == oldSelf.spec")
+        .message("a Backup's spec is immutable: create a new Backup instead"),
+    printcolumn(name = "Cluster", type_ = "string", json_path = ".spec.cluster.name"),
+    printcolumn(name = "Method", type_ = "string", json_path = ".spec.method"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Size", type_ = "integer", json_path = ".status.sizeBytes"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupSpec {
+    /// The DatabaseCluster to back up, in this namespace.
+    pub cluster: LocalObjectReference,
+    /// `logical` (pg_dump of the application database) or `physical`
+    /// (pg_basebackup of the whole instance).
+    pub method: BackupMethod,
+    /// Where the backup is stored.
+    pub destination: BackupDestination,
+    /// Seconds the backup may run before it is failed, so a stuck backup
+    /// does not stay Running forever. Default 3600.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 60, max = 604800))]
+    pub deadline_seconds: Option<i64>,
+    /// What happens to the stored backup when this Backup is deleted:
+    /// `Retain` (default) keeps it, `Delete` removes it.
+    #[serde(default)]
+    pub deletion_policy: BackupDeletionPolicy,
+}
+
+/// How a backup is taken.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum BackupMethod {
+    Logical,
+    Physical,
+}
+
+/// What happens to the stored backup when its Backup object is deleted.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum BackupDeletionPolicy {
+    #[default]
+    Retain,
+    Delete,
+}
+
+/// Object storage for a backup: an ObjectBucket, or an S3 bucket given
+/// explicitly. Exactly one.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.bucketRef) != has(self.s3)")
+    .message("destination: set exactly one of bucketRef and s3"))]
+pub struct BackupDestination {
+    /// An ObjectBucket of this namespace; its connection Secret gives the
+    /// endpoint and credentials.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket_ref: Option<LocalObjectReference>,
+    /// An S3-compatible bucket given explicitly.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s3: Option<S3Destination>,
+}
+
+/// An S3-compatible bucket.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct S3Destination {
+    /// URL of the S3 API; AWS's regional endpoint if unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 2048), regex(pattern = r"^https?://[^\s/]+(/\S*)?$"))]
+    pub endpoint: Option<String>,
+    /// Bucket name (S3 naming rules: 3 to 63 lowercase letters, digits, dots, hyphens).
+    #[schemars(regex(pattern = r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$"))]
+    pub bucket: String,
+    /// Region of the bucket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[a-z]{2}(-[a-z]+)+-[0-9]+$"))]
+    pub region: Option<String>,
+    /// Key prefix under which backups are stored, e.g. `orders/`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 512))]
+    pub prefix: Option<String>,
+    /// Secret of this namespace with keys `AWS_ACCESS_KEY_ID` and
+    /// `AWS_SECRET_ACCESS_KEY`.
+    pub credentials_secret: LocalObjectReference,
+}
+
+/// Lifecycle phase of a backup.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum BackupPhase {
+    Pending,
+    Running,
+    Completed,
+    Failed,
+}
+
+/// Observed state of a backup.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupStatus {
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Pending, Running, Completed or Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<BackupPhase>,
+    /// When the backup Job started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Time>,
+    /// When the backup completed or failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<Time>,
+    /// Name of the Job that takes the backup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_name: Option<String>,
+    /// URL of the stored backup, e.g. `s3://bucket/prefix/name.dump`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub location: Option<String>,
+    /// Size of the stored backup in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<i64>,
+    /// Why the backup failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// `Ready` (the backup is complete and stored), with a reason.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// Backups of a DatabaseCluster on a cron schedule, with retention.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "backup.cairn.dev",
+    version = "v1",
+    kind = "BackupSchedule",
+    namespaced,
+    status = "BackupScheduleStatus",
+    shortname = "bks",
+    category = "cairn",
+    printcolumn(name = "Schedule", type_ = "string", json_path = ".spec.schedule"),
+    printcolumn(name = "Suspended", type_ = "boolean", json_path = ".spec.suspend"),
+    printcolumn(
+        name = "Last Backup",
+        type_ = "date",
+        json_path = ".status.lastScheduleTime"
+    ),
+    printcolumn(name = "Next", type_ = "date", json_path = ".status.nextScheduleTime"),
+    printcolumn(
+        name = "Healthy",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"BackupsHealthy\")].status"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupScheduleSpec {
+    /// When to take backups, in 5-field cron syntax ("minute hour
+    /// day-of-month month day-of-week"), e.g. "0 3 * * *".
+    #[schemars(regex(pattern = r"^\s*(\S+\s+){4}\S+\s*$"), length(max = 128))]
+    pub schedule: String,
+    /// IANA time zone of the schedule, e.g. "Europe/Paris"; UTC if unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^(UTC|[A-Za-z]+(/[A-Za-z0-9_+-]+){1,2})$"))]
+    pub time_zone: Option<String>,
+    /// Stop creating new Backups (running ones finish).
+    #[serde(default)]
+    pub suspend: bool,
+    /// What to do when a slot comes while a Backup of this schedule still
+    /// runs: `Forbid` (default) skips the slot, `Allow` runs both, `Replace`
+    /// fails the running one and starts the new one.
+    #[serde(default)]
+    pub concurrency_policy: ConcurrencyPolicy,
+    /// Seconds after a missed slot during which it is still taken (for
+    /// example after the controller was down); missed slots older than this
+    /// are skipped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 86400))]
+    pub starting_deadline_seconds: Option<i64>,
+    /// The Backup made at each slot.
+    pub template: BackupTemplate,
+    /// Which completed Backups to keep; all if unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<Retention>,
+}
+
+/// What happens when a slot comes while an earlier Backup still runs.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum ConcurrencyPolicy {
+    #[default]
+    Forbid,
+    Allow,
+    Replace,
+}
+
+/// The Backup a schedule creates.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+pub struct BackupTemplate {
+    /// The spec of each Backup.
+    pub spec: BackupSpec,
+}
+
+/// Which completed Backups of a schedule to keep. A Backup is deleted when
+/// it is outside `keepLast` or older than `maxAge`; the newest completed one is
+/// always kept.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Retention {
+    /// Number of most recent completed Backups to keep.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub keep_last: Option<i32>,
+    /// Age after which completed Backups are deleted: a number and a unit,
+    /// `h` (hours), `d` (days) or `w` (weeks), e.g. "30d".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[1-9][0-9]{0,4}[hdw]$"))]
+    pub max_age: Option<String>,
+}
+
+/// Observed state of a schedule.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupScheduleStatus {
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The slot of the newest Backup created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_schedule_time: Option<Time>,
+    /// When the newest successful Backup completed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_successful_time: Option<Time>,
+    /// The next slot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_schedule_time: Option<Time>,
+    /// Backups of this schedule that are running.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub active: Vec<LocalObjectReference>,
+    /// `Ready` and `BackupsHealthy` (False when the last success is older
+    /// than two intervals).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}

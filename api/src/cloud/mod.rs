@@ -1,0 +1,3 @@
+//! The `cloud.cairn.dev` group: `ProviderConfig`, `ObjectBucket`, `DnsRecord`.
+
+pub mod v1alpha1;

@@ -1,0 +1,152 @@
+//! The CustomResourceDefinitions generated from the types, and where each is
+//! committed: in the chart of the controller that owns its group.
+
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
+
+use crate::{backup, cloud, database};
+
+/// A chart and the CRDs it ships.
+pub struct ChartCrds {
+    /// Folder name of the chart under `charts/`.
+    pub chart: &'static str,
+    pub crds: Vec<CustomResourceDefinition>,
+}
+
+/// Every CRD, grouped by the chart that ships it.
+pub fn by_chart() -> Vec<ChartCrds> {
+    vec![
+        ChartCrds {
+            chart: "cairn-database-controller",
+            crds: vec![finish(database::v1::DatabaseCluster::crd())],
+        },
+        ChartCrds {
+            chart: "cairn-backup-controller",
+            crds: vec![
+                finish(backup::v1::Backup::crd()),
+                finish(backup::v1::BackupSchedule::crd()),
+            ],
+        },
+        ChartCrds {
+            chart: "cairn-cloud-controller",
+            crds: vec![
+                finish(cloud::v1alpha1::ProviderConfig::crd()),
+                finish(cloud::v1alpha1::ObjectBucket::crd()),
+                finish(cloud::v1alpha1::DnsRecord::crd()),
+            ],
+        },
+    ]
+}
+
+/// Every CRD.
+pub fn all() -> Vec<CustomResourceDefinition> {
+    by_chart().into_iter().flat_map(|c| c.crds).collect()
+}
+
+/// Helm must never delete a CRD on uninstall: that would delete every object
+/// of its kind, and with them the clusters and backups they describe.
+fn finish(mut crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    crd.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert("helm.sh/resource-policy".into(), "keep".into());
+    crd
+}
+
+/// Where `crd` is committed, relative to the repository root. CRDs live in
+/// the chart's `templates/` (not `crds/`, which Helm installs once and never
+/// upgrades), so `helm upgrade` rolls out schema changes.
+pub fn chart_path(chart: &str, crd: &CustomResourceDefinition) -> PathBuf {
+    let name = crd.metadata.name.as_deref().unwrap_or("unnamed");
+    Path::new("charts")
+        .join(chart)
+        .join("templates/crds")
+        .join(format!("{name}.yaml"))
+}
+
+/// The committed text of a CRD.
+pub fn to_yaml(crd: &CustomResourceDefinition) -> Result<String, serde_yaml::Error> {
+    Ok(format!(
+        "# Generated from the Rust types in api/ by `cargo run -p cairn-api --bin crdgen`; do not edit.\n{}",
+        serde_yaml::to_string(crd)?
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    /// `kubectl explain` must read well: every field of every kind has a description.
+    #[test]
+    fn every_field_has_a_description() {
+        let (mut missing, mut fields) = (Vec::new(), 0);
+        for crd in all() {
+            for version in &crd.spec.versions {
+                let schema = serde_json::to_value(&version.schema).expect("schema serializes");
+                let root = &schema["openAPIV3Schema"]["properties"];
+                for part in ["spec", "status"] {
+                    let path = format!("{}/{}.{part}", crd.spec.names.kind, version.name);
+                    fields += walk(&root[part], &path, &mut missing);
+                }
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "fields without a description: {missing:#?}"
+        );
+        assert!(
+            fields > 200,
+            "only {fields} fields seen: is the walk broken?"
+        );
+    }
+
+    /// Checks the fields under `schema`; returns how many it saw.
+    fn walk(schema: &Value, path: &str, missing: &mut Vec<String>) -> usize {
+        let mut seen = 0;
+        if let Some(properties) = schema.get("properties").and_then(Value::as_object) {
+            for (name, property) in properties {
+                let field = format!("{path}.{name}");
+                let described = property
+                    .get("description")
+                    .and_then(Value::as_str)
+                    .is_some_and(|d| !d.trim().is_empty());
+                if !described {
+                    missing.push(field.clone());
+                }
+                seen += 1 + walk(property, &field, missing);
+            }
+        }
+        for nested in ["items", "additionalProperties"] {
+            if let Some(inner) = schema.get(nested).filter(|v| v.is_object()) {
+                seen += walk(inner, &format!("{path}[]"), missing);
+            }
+        }
+        seen
+    }
+
+    #[test]
+    fn every_kind_is_in_the_cairn_category_with_a_short_name() {
+        for crd in all() {
+            let names = &crd.spec.names;
+            assert_eq!(
+                names.categories.as_deref(),
+                Some(&["cairn".to_owned()][..]),
+                "{}",
+                names.kind
+            );
+            assert!(
+                names.short_names.as_ref().is_some_and(|s| !s.is_empty()),
+                "{}",
+                names.kind
+            );
+            let status = crd.spec.versions[0]
+                .subresources
+                .as_ref()
+                .and_then(|s| s.status.as_ref());
+            assert!(status.is_some(), "{} has no status subresource", names.kind);
+        }
+    }
+}

@@ -1,0 +1,3 @@
+//! The `database.cairn.dev` group: `DatabaseCluster`.
+
+pub mod v1;

@@ -1,0 +1,278 @@
+//! `database.cairn.dev/v1`: the storage version of `DatabaseCluster`.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::common::{Condition, LocalObjectReference};
+
+/// postgresql.conf settings Cairn sets itself: replication, paths, listening
+/// and TLS depend on them, so a user value would break the cluster.
+pub const MANAGED_PARAMETERS: &[&str] = &[
+    "archive_command",
+    "archive_mode",
+    "data_directory",
+    "hba_file",
+    "hot_standby",
+    "ident_file",
+    "listen_addresses",
+    "max_wal_senders",
+    "port",
+    "primary_conninfo",
+    "primary_slot_name",
+    "restore_command",
+    "ssl",
+    "ssl_ca_file",
+    "ssl_cert_file",
+    "ssl_key_file",
+    "unix_socket_directories",
+    "wal_level",
+];
+
+/// A PostgreSQL cluster: one primary and streaming replicas, with the
+/// Services, credentials and configuration to use it.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "database.cairn.dev",
+    version = "v1",
+    kind = "DatabaseCluster",
+    namespaced,
+    status = "DatabaseClusterStatus",
+    shortname = "dbc",
+    category = "cairn",
+    scale(
+        spec_replicas_path = ".spec.instances",
+        status_replicas_path = ".status.instances",
+        label_selector_path = ".status.selector"
+    ),
+    printcolumn(name = "Instances", type_ = "integer", json_path = ".spec.instances"),
+    printcolumn(
+        name = "Ready",
+        type_ = "integer",
+        json_path = ".status.readyInstances"
+    ),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(
+        name = "Primary",
+        type_ = "string",
+        json_path = ".status.currentPrimary"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[x_kube(validation = Rule::new(
+    "has(self.bootstrap) == has(oldSelf.bootstrap) && (!has(self.bootstrap) || self.bootstrap == oldSelf.bootstrap)"
+).message("spec.bootstrap is immutable: it only applies when the cluster is created"))]
+#[serde(rename_all = "camelCase")]
+pub struct DatabaseClusterSpec {
+    /// Number of PostgreSQL instances: one primary and instances - 1
+    /// streaming replicas. Also set by `kubectl scale dbc/NAME --replicas=N`.
+    #[schemars(range(min = 1, max = 9))]
+    pub instances: i32,
+    /// The PostgreSQL server: version, image and configuration.
+    pub postgres: PostgresSpec,
+    /// Persistent storage of each instance's data directory.
+    pub storage: StorageSpec,
+    /// CPU and memory of each instance's PostgreSQL container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Where the instances' pods may run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduling: Option<SchedulingSpec>,
+    /// How the first instance gets its data: a new database (initdb, the
+    /// default) or a restore from a Backup. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap: Option<BootstrapSpec>,
+    /// Stop changing the cluster's child objects (for maintenance by hand).
+    /// The status says so while it is set.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub paused: bool,
+}
+
+fn is_false(value: &bool) -> bool {
+    !value
+}
+
+/// The PostgreSQL server.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[x_kube(validation = Rule::new(
+    "int(self.version.split('.')[0]) >= int(oldSelf.version.split('.')[0])"
+).message("spec.postgres.version: the major version cannot be downgraded"))]
+pub struct PostgresSpec {
+    /// PostgreSQL version: a major ("17") or major.minor ("17.2"), 13 to 18.
+    /// The major version can be raised, never lowered.
+    #[schemars(regex(pattern = r"^(1[3-8])(\.[0-9]{1,3})?$"))]
+    pub version: String,
+    /// Container image to run instead of the default one for `version`. It
+    /// must contain the same PostgreSQL major version and cairn-instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512), regex(pattern = r"^\S+$"))]
+    pub image: Option<String>,
+    /// postgresql.conf settings, by name. Settings Cairn manages itself
+    /// (listening, paths, replication, TLS) are rejected.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[x_kube(validation = Rule::new(managed_parameters_rule())
+        .message("spec.postgres.parameters: a parameter Cairn manages cannot be set"))]
+    #[schemars(extend("maxProperties" = 200))]
+    pub parameters: BTreeMap<String, String>,
+}
+
+/// The CEL rule rejecting `MANAGED_PARAMETERS` as keys.
+fn managed_parameters_rule() -> String {
+    let names: Vec<String> = MANAGED_PARAMETERS
+        .iter()
+        .map(|p| format!("'{p}'"))
+        .collect();
+    format!("self.all(k, !(k in [{}]))", names.join(", "))
+}
+
+/// Storage of each instance.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(
+    "quantity(self.size).compareTo(quantity(oldSelf.size)) >= 0"
+).message("spec.storage.size cannot shrink: PersistentVolumeClaims can only grow"))]
+#[x_kube(validation = Rule::new(
+    "has(self.storageClassName) == has(oldSelf.storageClassName) && (!has(self.storageClassName) || self.storageClassName == oldSelf.storageClassName)"
+).message("spec.storage.storageClassName is immutable"))]
+pub struct StorageSpec {
+    /// Size of each instance's volume, e.g. "10Gi". It can grow (when the
+    /// StorageClass allows volume expansion), never shrink.
+    #[schemars(
+        length(max = 64),
+        regex(
+            pattern = r"^(\+)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+        )
+    )]
+    #[x_kube(validation = Rule::new("quantity(self).isGreaterThan(quantity('0'))")
+        .message("spec.storage.size must be a positive quantity such as 10Gi"))]
+    pub size: String,
+    /// StorageClass of the volumes; the cluster's default class if unset. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub storage_class_name: Option<String>,
+}
+
+/// Where the instances' pods may run.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SchedulingSpec {
+    /// Labels a node must have to run an instance.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Node and pod affinity of the instances' pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    /// Taints the instances' pods tolerate.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    /// PriorityClass of the instances' pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+}
+
+/// How the first instance gets its data. Exactly one of `initdb` and
+/// `fromBackup`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.initdb) != has(self.fromBackup)")
+    .message("spec.bootstrap: set exactly one of initdb and fromBackup"))]
+pub struct BootstrapSpec {
+    /// Create a new, empty database.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initdb: Option<InitdbSpec>,
+    /// Restore the data of a Backup of this namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_backup: Option<LocalObjectReference>,
+}
+
+/// A new database, created by initdb.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+pub struct InitdbSpec {
+    /// Name of the application database to create.
+    #[schemars(regex(pattern = r"^[a-z_][a-z0-9_]{0,62}$"))]
+    pub database: String,
+    /// Role that owns the application database; its password is in the
+    /// credentials Secret.
+    #[schemars(regex(pattern = r"^[a-z_][a-z0-9_]{0,62}$"))]
+    pub owner: String,
+}
+
+/// Lifecycle phase of a cluster, for humans; conditions are for automation.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum DatabaseClusterPhase {
+    Creating,
+    Running,
+    Scaling,
+    Upgrading,
+    Degraded,
+    Failed,
+    Paused,
+}
+
+/// Observed state of a cluster.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DatabaseClusterStatus {
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Lifecycle phase, for humans.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<DatabaseClusterPhase>,
+    /// `Ready`, `Progressing` and `Degraded`, with reasons.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Number of instance pods that exist.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instances: Option<i32>,
+    /// Number of instances that accept connections.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_instances: Option<i32>,
+    /// Label selector of the instance pods (for the scale subresource).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+    /// Name of the pod that runs the primary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_primary: Option<String>,
+    /// Where applications connect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoints: Option<Endpoints>,
+    /// Name of the Secret with the generated credentials.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_secret: Option<String>,
+    /// PostgreSQL version the instances run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub postgres_version: Option<String>,
+}
+
+/// Service addresses of a cluster.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Endpoints {
+    /// The primary: `<name>-rw.<namespace>.svc:5432`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_write: Option<String>,
+    /// The replicas: `<name>-ro.<namespace>.svc:5432`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_only: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn managed_parameters_rule_lists_every_managed_name() {
+        let rule = managed_parameters_rule();
+        for name in MANAGED_PARAMETERS {
+            assert!(rule.contains(&format!("'{name}'")), "{name}");
+        }
+    }
+}
