@@ -1,0 +1,333 @@
+//! Semantic checks the CRD schema cannot express. Controllers run them first
+//! and report a failure as `Ready=False, reason=InvalidSpec` with the message,
+//! without retrying until the spec changes.
+
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use croner::Cron;
+use croner::parser::{CronParser, Seconds, Year};
+
+use crate::backup::v1::BackupScheduleSpec;
+use crate::cloud::v1alpha1::{DnsRecordSpec, ObjectBucketSpec, RecordType};
+use crate::database::v1::DatabaseClusterSpec;
+
+/// One problem with a spec; the message names the field.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum InvalidSpec {
+    #[error("spec.resources: the {resource} request {request} exceeds its limit {limit}")]
+    RequestAboveLimit {
+        resource: String,
+        request: String,
+        limit: String,
+    },
+    #[error("spec.resources: {resource} quantity {value:?} is not a valid quantity")]
+    BadQuantity { resource: String, value: String },
+    #[error("spec.schedule: {0}")]
+    BadSchedule(String),
+    #[error("spec.timeZone: {0:?} is not a time zone of the IANA database")]
+    UnknownTimeZone(String),
+    #[error("spec.bucketName: {name:?} {problem}")]
+    BadBucketName { name: String, problem: &'static str },
+    #[error("spec.values[{index}]: {value:?} is not a valid {record_type:?} value: {expected}")]
+    BadRecordValue {
+        index: usize,
+        value: String,
+        record_type: RecordType,
+        expected: &'static str,
+    },
+}
+
+/// Requests must not exceed limits (the API server would reject the pods).
+pub fn database_cluster(spec: &DatabaseClusterSpec) -> Vec<InvalidSpec> {
+    let Some(resources) = &spec.resources else {
+        return Vec::new();
+    };
+    let (Some(requests), Some(limits)) = (&resources.requests, &resources.limits) else {
+        return Vec::new();
+    };
+    let mut problems = Vec::new();
+    for (resource, request) in requests {
+        let Some(limit) = limits.get(resource) else {
+            continue;
+        };
+        match (parse_quantity(&request.0), parse_quantity(&limit.0)) {
+            (Some(r), Some(l)) if r > l => problems.push(InvalidSpec::RequestAboveLimit {
+                resource: resource.clone(),
+                request: request.0.clone(),
+                limit: limit.0.clone(),
+            }),
+            (None, _) => problems.push(InvalidSpec::BadQuantity {
+                resource: resource.clone(),
+                value: request.0.clone(),
+            }),
+            (_, None) => problems.push(InvalidSpec::BadQuantity {
+                resource: resource.clone(),
+                value: limit.0.clone(),
+            }),
+            _ => {}
+        }
+    }
+    problems
+}
+
+/// The schedule must be a valid 5-field cron expression and the time zone
+/// one the IANA database knows.
+pub fn backup_schedule(spec: &BackupScheduleSpec) -> Vec<InvalidSpec> {
+    let mut problems = Vec::new();
+    if let Err(e) = parse_schedule(&spec.schedule) {
+        problems.push(InvalidSpec::BadSchedule(e));
+    }
+    if let Some(zone) = &spec.time_zone
+        && zone.parse::<chrono_tz::Tz>().is_err()
+    {
+        problems.push(InvalidSpec::UnknownTimeZone(zone.clone()));
+    }
+    problems
+}
+
+/// Parses a 5-field cron expression (minute hour day-of-month month
+/// day-of-week), as schedules use it.
+pub fn parse_schedule(schedule: &str) -> Result<Cron, String> {
+    if schedule.split_whitespace().count() != 5 {
+        return Err(format!(
+            "{schedule:?} must have 5 fields: minute hour day-of-month month day-of-week"
+        ));
+    }
+    CronParser::builder()
+        .seconds(Seconds::Disallowed)
+        .year(Year::Disallowed)
+        .build()
+        .parse(schedule)
+        .map_err(|e| format!("{schedule:?} is not a valid cron expression: {e}"))
+}
+
+/// S3's bucket naming rules beyond the schema's pattern.
+pub fn object_bucket(spec: &ObjectBucketSpec) -> Vec<InvalidSpec> {
+    let Some(name) = &spec.bucket_name else {
+        return Vec::new();
+    };
+    let problem = if name.parse::<Ipv4Addr>().is_ok() {
+        Some("must not be formatted as an IP address")
+    } else if name.contains("..") || name.contains(".-") || name.contains("-.") {
+        Some("must not contain two adjacent periods or a period next to a hyphen")
+    } else if name.starts_with("xn--") || name.starts_with("sthree-") {
+        Some("must not start with xn-- or sthree- (reserved by S3)")
+    } else if name.ends_with("-s3alias") || name.ends_with("--ol-s3") {
+        Some("must not end with -s3alias or --ol-s3 (reserved by S3)")
+    } else {
+        None
+    };
+    problem
+        .map(|problem| InvalidSpec::BadBucketName {
+            name: name.clone(),
+            problem,
+        })
+        .into_iter()
+        .collect()
+}
+
+/// Each value must fit the record type.
+pub fn dns_record(spec: &DnsRecordSpec) -> Vec<InvalidSpec> {
+    let check: fn(&str) -> bool = match spec.type_ {
+        RecordType::A => |v| v.parse::<Ipv4Addr>().is_ok(),
+        RecordType::AAAA => |v| v.parse::<Ipv6Addr>().is_ok(),
+        RecordType::CNAME | RecordType::NS => is_dns_name,
+        RecordType::MX => |v| {
+            matches!(v.split_whitespace().collect::<Vec<_>>()[..],
+            [priority, host] if priority.parse::<u16>().is_ok() && is_dns_name(host))
+        },
+        RecordType::SRV => |v| {
+            matches!(v.split_whitespace().collect::<Vec<_>>()[..],
+            [p, w, port, host] if [p, w, port].iter().all(|n| n.parse::<u16>().is_ok()) && is_dns_name(host))
+        },
+        RecordType::TXT | RecordType::CAA => |v| !v.is_empty() && v.len() <= 4000,
+    };
+    let expected = match spec.type_ {
+        RecordType::A => "an IPv4 address",
+        RecordType::AAAA => "an IPv6 address",
+        RecordType::CNAME | RecordType::NS => "a DNS name",
+        RecordType::MX => "\"<priority> <host>\"",
+        RecordType::SRV => "\"<priority> <weight> <port> <host>\"",
+        RecordType::TXT | RecordType::CAA => "1 to 4000 characters",
+    };
+    spec.values
+        .iter()
+        .enumerate()
+        .filter(|(_, value)| !check(value))
+        .map(|(index, value)| InvalidSpec::BadRecordValue {
+            index,
+            value: value.clone(),
+            record_type: spec.type_,
+            expected,
+        })
+        .collect()
+}
+
+fn is_dns_name(name: &str) -> bool {
+    let name = name.strip_suffix('.').unwrap_or(name);
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        })
+}
+
+/// The value of a Kubernetes quantity ("500m", "1Gi", "1e3"), as a float:
+/// precise enough to compare requests with limits.
+pub fn parse_quantity(quantity: &str) -> Option<f64> {
+    let split = quantity
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
+        .unwrap_or(quantity.len());
+    let (number, suffix) = quantity.split_at(split);
+    let number: f64 = number.parse().ok()?;
+    let factor = match suffix {
+        "" => 1.0,
+        "n" => 1e-9,
+        "u" => 1e-6,
+        "m" => 1e-3,
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "P" => 1e15,
+        "E" => 1e18,
+        "Ki" => 1024f64,
+        "Mi" => 1024f64.powi(2),
+        "Gi" => 1024f64.powi(3),
+        "Ti" => 1024f64.powi(4),
+        "Pi" => 1024f64.powi(5),
+        "Ei" => 1024f64.powi(6),
+        exponent => 10f64.powi(exponent.strip_prefix(['e', 'E'])?.parse().ok()?),
+    };
+    Some(number * factor)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn from<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> T {
+        serde_json::from_value(value).expect("valid test spec")
+    }
+
+    #[test]
+    fn quantities_parse_in_every_notation() {
+        assert_eq!(parse_quantity("500m"), Some(0.5));
+        assert_eq!(parse_quantity("2"), Some(2.0));
+        assert_eq!(parse_quantity("1Gi"), Some(1073741824.0));
+        assert_eq!(parse_quantity("1G"), Some(1e9));
+        assert_eq!(parse_quantity("1e3"), Some(1000.0));
+        assert_eq!(parse_quantity("1.5Ki"), Some(1536.0));
+        assert_eq!(parse_quantity("ten"), None);
+        assert_eq!(parse_quantity("1Qi"), None);
+    }
+
+    fn cluster(resources: serde_json::Value) -> DatabaseClusterSpec {
+        from(json!({
+            "instances": 1, "postgres": {"version": "17"}, "storage": {"size": "1Gi"},
+            "resources": resources
+        }))
+    }
+
+    #[test]
+    fn a_request_above_its_limit_is_invalid() {
+        let spec = cluster(
+            json!({"requests": {"memory": "2Gi", "cpu": "1"}, "limits": {"memory": "1Gi", "cpu": "2"}}),
+        );
+        let problems = database_cluster(&spec);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(
+            problems[0].to_string(),
+            "spec.resources: the memory request 2Gi exceeds its limit 1Gi"
+        );
+        let fine = cluster(json!({"requests": {"memory": "1024Mi"}, "limits": {"memory": "1Gi"}}));
+        assert!(database_cluster(&fine).is_empty());
+    }
+
+    fn schedule(schedule: &str, zone: Option<&str>) -> BackupScheduleSpec {
+        from(json!({
+            "schedule": schedule, "timeZone": zone,
+            "template": {"spec": {"cluster": {"name": "c"}, "method": "logical",
+                "destination": {"bucketRef": {"name": "b"}}}}
+        }))
+    }
+
+    #[test]
+    fn schedules_need_five_valid_fields_and_a_known_zone() {
+        assert!(backup_schedule(&schedule("0 3 * * *", Some("Europe/Paris"))).is_empty());
+        assert!(backup_schedule(&schedule("*/15 0-6 1,15 * MON-FRI", None)).is_empty());
+        for bad in [
+            "61 3 * * *",
+            "0 25 * * *",
+            "0 3 32 * *",
+            "0 3 * 13 *",
+            "0 0 3 * * *",
+            "@hourly",
+        ] {
+            let problems = backup_schedule(&schedule(bad, None));
+            assert!(
+                matches!(problems[..], [InvalidSpec::BadSchedule(_)]),
+                "{bad}: {problems:?}"
+            );
+        }
+        let problems = backup_schedule(&schedule("0 3 * * *", Some("Europe/Atlantis")));
+        assert_eq!(
+            problems,
+            vec![InvalidSpec::UnknownTimeZone("Europe/Atlantis".into())]
+        );
+    }
+
+    fn bucket(name: &str) -> ObjectBucketSpec {
+        from(json!({"providerConfigRef": {"name": "p"}, "bucketName": name}))
+    }
+
+    #[test]
+    fn bucket_names_follow_s3_rules() {
+        assert!(object_bucket(&bucket("acme-backups.eu")).is_empty());
+        for bad in [
+            "192.168.1.10",
+            "acme..backups",
+            "acme.-backups",
+            "xn--acme",
+            "acme-s3alias",
+        ] {
+            assert_eq!(object_bucket(&bucket(bad)).len(), 1, "{bad}");
+        }
+    }
+
+    fn record(type_: &str, values: &[&str]) -> DnsRecordSpec {
+        from(
+            json!({"providerConfigRef": {"name": "p"}, "zone": "example.com",
+            "name": "x.example.com", "type": type_, "values": values}),
+        )
+    }
+
+    #[test]
+    fn record_values_fit_their_type() {
+        assert!(dns_record(&record("A", &["10.0.0.1", "192.0.2.7"])).is_empty());
+        assert!(dns_record(&record("AAAA", &["2001:db8::1"])).is_empty());
+        assert!(dns_record(&record("CNAME", &["orders-rw.db.svc.cluster.local."])).is_empty());
+        assert!(dns_record(&record("MX", &["10 mail.example.com"])).is_empty());
+        let problems = dns_record(&record("A", &["10.0.0.1", "2001:db8::1", "host"]));
+        let indexes: Vec<_> = problems
+            .iter()
+            .map(|p| match p {
+                InvalidSpec::BadRecordValue { index, .. } => *index,
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        assert_eq!(indexes, vec![1, 2]);
+        assert_eq!(dns_record(&record("MX", &["mail.example.com"])).len(), 1);
+        assert_eq!(
+            dns_record(&record("CNAME", &["-bad-.example.com"])).len(),
+            1
+        );
+    }
+}
