@@ -3,7 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceConversion, CustomResourceDefinition, WebhookClientConfig, WebhookConversion,
+};
 use kube::CustomResourceExt;
 
 use crate::{backup, cloud, database};
@@ -38,6 +40,31 @@ pub fn by_chart() -> Vec<ChartCrds> {
             ],
         },
     ]
+}
+
+/// The DatabaseCluster CRD serving both v1 (stored) and the deprecated
+/// v1alpha1, converted by the webhook at `client_config`.
+///
+/// The chart ships v1 alone until cairn-database-controller serves the
+/// conversion webhook: a second version without a working webhook would make
+/// every v1alpha1 request fail.
+pub fn database_cluster_with_conversion(
+    client_config: WebhookClientConfig,
+) -> CustomResourceDefinition {
+    let versions = vec![
+        database::v1alpha1::DatabaseCluster::crd(),
+        database::v1::DatabaseCluster::crd(),
+    ];
+    let mut crd =
+        kube::core::crd::merge_crds(versions, "v1").expect("both versions describe one kind");
+    crd.spec.conversion = Some(CustomResourceConversion {
+        strategy: "Webhook".into(),
+        webhook: Some(WebhookConversion {
+            client_config: Some(client_config),
+            conversion_review_versions: vec!["v1".into()],
+        }),
+    });
+    finish(crd)
 }
 
 /// Every CRD.
@@ -125,6 +152,25 @@ mod tests {
             }
         }
         seen
+    }
+
+    #[test]
+    fn the_conversion_crd_serves_both_versions_and_stores_v1() {
+        let crd = database_cluster_with_conversion(WebhookClientConfig::default());
+        let versions: Vec<_> = crd
+            .spec
+            .versions
+            .iter()
+            .map(|v| (v.name.as_str(), v.storage, v.deprecated))
+            .collect();
+        assert_eq!(
+            versions,
+            vec![("v1", true, None), ("v1alpha1", false, Some(true))]
+        );
+        assert_eq!(
+            crd.spec.conversion.map(|c| c.strategy).as_deref(),
+            Some("Webhook")
+        );
     }
 
     #[test]

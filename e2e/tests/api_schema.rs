@@ -650,18 +650,13 @@ async fn allowed_changes_are_accepted() -> Result {
     Ok(())
 }
 
-/// Runs the pinned kubectl against the test cluster.
+/// Runs the pinned kubectl against the test cluster; its stdout.
 async fn kubectl(args: &[&str]) -> std::result::Result<String, String> {
-    let output = tokio::process::Command::new(cluster().bin_dir().join("kubectl"))
-        .env("KUBECONFIG", cluster().state_dir().join("kubeconfig"))
-        .args(args)
-        .output()
+    cluster()
+        .kubectl(args)
         .await
-        .map_err(|e| e.to_string())?;
-    match output.status.success() {
-        true => Ok(String::from_utf8_lossy(&output.stdout).into_owned()),
-        false => Err(String::from_utf8_lossy(&output.stderr).into_owned()),
-    }
+        .map(|out| out.stdout)
+        .map_err(|e| e.to_string())
 }
 
 #[tokio::test]

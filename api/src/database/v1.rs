@@ -40,6 +40,7 @@ pub const MANAGED_PARAMETERS: &[&str] = &[
     version = "v1",
     kind = "DatabaseCluster",
     namespaced,
+    derive = "PartialEq",
     status = "DatabaseClusterStatus",
     shortname = "dbc",
     category = "cairn",

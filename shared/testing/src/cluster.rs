@@ -133,10 +133,39 @@ impl LocalCluster {
         self.state_dir.join("logs/audit.log")
     }
 
+    /// Runs the pinned kubectl against this cluster as the admin; returns
+    /// stdout and stderr, or an error with stderr if it failed.
+    pub async fn kubectl(&self, args: &[&str]) -> Result<KubectlOutput, Error> {
+        let output = tokio::process::Command::new(self.bin_dir.join("kubectl"))
+            .env("KUBECONFIG", self.state_dir.join("kubeconfig"))
+            .args(args)
+            .output()
+            .await
+            .map_err(|e| Error::Setup(format!("cannot run kubectl: {e}")))?;
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        if !output.status.success() {
+            return Err(Error::Setup(format!(
+                "kubectl {} failed: {stderr}",
+                args.join(" ")
+            )));
+        }
+        Ok(KubectlOutput {
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr,
+        })
+    }
+
     /// The folder with the pinned kubectl, helm and control plane binaries.
     pub fn bin_dir(&self) -> &Path {
         &self.bin_dir
     }
+}
+
+/// What a kubectl run printed.
+#[derive(Debug)]
+pub struct KubectlOutput {
+    pub stdout: String,
+    pub stderr: String,
 }
 
 /// Starts (or reuses) the development cluster and returns its state folder.

@@ -19,11 +19,12 @@ pub mod audit;
 mod cluster;
 pub mod crds;
 mod error;
+pub mod https;
 mod namespace;
 pub mod s3;
 pub mod wait;
 
-pub use cluster::{LocalCluster, cluster};
+pub use cluster::{KubectlOutput, LocalCluster, cluster};
 pub use error::Error;
 pub use namespace::TestNamespace;
 

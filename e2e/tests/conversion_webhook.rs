@@ -1,0 +1,120 @@
+//! DatabaseCluster v1alpha1 ↔ v1 through the API server and a real conversion
+//! webhook: the CRD points at an HTTPS server that mounts the api crate's
+//! `ConversionReview` handler.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::routing::post;
+use cairn_api::database::conversion;
+use cairn_testing::{cluster, https, wait};
+use k8s_openapi::ByteString;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::WebhookClientConfig;
+use kube::Api;
+use kube::api::{ApiResource, DynamicObject, PostParams};
+use serde_json::{Value, json};
+
+type Result = std::result::Result<(), Box<dyn std::error::Error>>;
+
+fn resource(version: &str) -> ApiResource {
+    ApiResource {
+        group: "database.cairn.dev".into(),
+        version: version.into(),
+        api_version: format!("database.cairn.dev/{version}"),
+        kind: "DatabaseCluster".into(),
+        plural: "databaseclusters".into(),
+    }
+}
+
+fn object(value: Value) -> DynamicObject {
+    serde_json::from_value(value).expect("a valid object")
+}
+
+#[tokio::test]
+async fn objects_read_the_same_in_both_versions_through_the_webhook() -> Result {
+    let server = https::serve(axum::Router::new().route(
+        "/convert",
+        post(|Json(review)| async move { Json(conversion::review(review)) }),
+    ))
+    .await?;
+    let ns = cluster().namespace("conversion").await?;
+    let crd = cairn_api::crds::database_cluster_with_conversion(WebhookClientConfig {
+        url: Some(format!("{}/convert", server.url)),
+        ca_bundle: Some(ByteString(server.ca_pem.clone().into_bytes())),
+        service: None,
+    });
+    cairn_testing::crds::install(&ns.client, &[crd]).await?;
+    let old =
+        Api::<DynamicObject>::namespaced_with(ns.client.clone(), &ns.name, &resource("v1alpha1"));
+    let new = Api::<DynamicObject>::namespaced_with(ns.client.clone(), &ns.name, &resource("v1"));
+
+    // Created as v1alpha1, read as v1. The API server may route the first
+    // requests to the old CRD definition for a moment: retry the create.
+    let legacy = object(json!({
+        "apiVersion": "database.cairn.dev/v1alpha1", "kind": "DatabaseCluster",
+        "metadata": { "name": "legacy" },
+        "spec": { "size": 3, "version": "16", "storageSize": "5Gi" }
+    }));
+    wait::until(
+        "a v1alpha1 create to be converted",
+        Duration::from_secs(30),
+        || async {
+            old.create(&PostParams::default(), &legacy)
+                .await
+                .map(Some)
+                .map_err(|e| e.to_string())
+        },
+    )
+    .await?;
+    let as_v1 = new.get("legacy").await?;
+    assert_eq!(as_v1.data["spec"]["instances"], 3);
+    assert_eq!(as_v1.data["spec"]["postgres"]["version"], "16");
+    assert_eq!(as_v1.data["spec"]["storage"]["size"], "5Gi");
+
+    // Created as v1 with fields v1alpha1 lacks, read as v1alpha1.
+    let modern = object(json!({
+        "apiVersion": "database.cairn.dev/v1", "kind": "DatabaseCluster",
+        "metadata": { "name": "modern" },
+        "spec": {
+            "instances": 2,
+            "postgres": { "version": "17", "parameters": { "work_mem": "64MB" } },
+            "storage": { "size": "10Gi", "storageClassName": "standard" },
+            "bootstrap": { "initdb": { "database": "app", "owner": "app" } }
+        }
+    }));
+    new.create(&PostParams::default(), &modern).await?;
+    let mut as_v1alpha1 = old.get("modern").await?;
+    assert_eq!(
+        as_v1alpha1.data["spec"],
+        json!({ "size": 2, "version": "17", "storageSize": "10Gi" })
+    );
+    assert!(
+        as_v1alpha1
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(conversion::SPEC_ANNOTATION))
+    );
+
+    // A change made through v1alpha1 keeps the fields only v1 has.
+    as_v1alpha1.data["spec"]["size"] = json!(4);
+    old.replace("modern", &PostParams::default(), &as_v1alpha1)
+        .await?;
+    let stored = new.get("modern").await?;
+    assert_eq!(stored.data["spec"]["instances"], 4);
+    assert_eq!(
+        stored.data["spec"]["postgres"]["parameters"]["work_mem"],
+        "64MB"
+    );
+    assert_eq!(
+        stored.data["spec"]["storage"]["storageClassName"],
+        "standard"
+    );
+    assert_eq!(stored.data["spec"]["bootstrap"]["initdb"]["owner"], "app");
+    let annotations = stored.metadata.annotations.unwrap_or_default();
+    assert!(
+        !annotations.contains_key(conversion::SPEC_ANNOTATION),
+        "{annotations:?}"
+    );
+    Ok(())
+}
