@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use cairn_testing::{cluster, wait};
+use cairn_testing::{TestNamespace, cluster, wait};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::core::v1::{
     ConfigMap, Node, PersistentVolumeClaim, Pod, Secret, ServiceAccount,
@@ -22,6 +22,27 @@ const TIMEOUT: Duration = Duration::from_secs(60);
 
 fn from_json<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> T {
     serde_json::from_value(value).expect("test manifest must deserialize")
+}
+
+/// A Role allowing `verbs` on core `resource`, bound to ServiceAccount `account`.
+async fn grant(ns: &TestNamespace, account: &str, resource: &str, verbs: &[&str]) -> Result {
+    let name = format!("{account}-{resource}");
+    let role: Role = from_json(json!({
+        "metadata": { "name": name },
+        "rules": [{ "apiGroups": [""], "resources": [resource], "verbs": verbs }]
+    }));
+    let binding: RoleBinding = from_json(json!({
+        "metadata": { "name": name },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name },
+        "subjects": [{ "kind": "ServiceAccount", "name": account, "namespace": ns.name }]
+    }));
+    ns.api::<Role>()
+        .create(&PostParams::default(), &role)
+        .await?;
+    ns.api::<RoleBinding>()
+        .create(&PostParams::default(), &binding)
+        .await?;
+    Ok(())
 }
 
 #[tokio::test]
@@ -179,21 +200,7 @@ async fn rbac_denies_a_service_account_until_a_role_allows_it() -> Result {
         other => panic!("expected 403 Forbidden without a Role, got {other:?}"),
     }
 
-    let role: Role = from_json(json!({
-        "metadata": { "name": "secret-reader" },
-        "rules": [{ "apiGroups": [""], "resources": ["secrets"], "verbs": ["list"] }]
-    }));
-    let binding: RoleBinding = from_json(json!({
-        "metadata": { "name": "reader-reads-secrets" },
-        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "secret-reader" },
-        "subjects": [{ "kind": "ServiceAccount", "name": "reader", "namespace": ns.name }]
-    }));
-    ns.api::<Role>()
-        .create(&PostParams::default(), &role)
-        .await?;
-    ns.api::<RoleBinding>()
-        .create(&PostParams::default(), &binding)
-        .await?;
+    grant(&ns, "reader", "secrets", &["list"]).await?;
     // The authorizer's informer sees the binding a moment after it is written.
     wait::until(
         "the reader to list secrets",
@@ -301,21 +308,7 @@ async fn audit_log_attributes_writes_to_the_service_account_that_made_them() -> 
     ns.api::<ServiceAccount>()
         .create(&PostParams::default(), &account)
         .await?;
-    let role: Role = from_json(json!({
-        "metadata": { "name": "configmap-writer" },
-        "rules": [{ "apiGroups": [""], "resources": ["configmaps"], "verbs": ["create", "list"] }]
-    }));
-    let binding: RoleBinding = from_json(json!({
-        "metadata": { "name": "writer-writes-configmaps" },
-        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "configmap-writer" },
-        "subjects": [{ "kind": "ServiceAccount", "name": "writer", "namespace": ns.name }]
-    }));
-    ns.api::<Role>()
-        .create(&PostParams::default(), &role)
-        .await?;
-    ns.api::<RoleBinding>()
-        .create(&PostParams::default(), &binding)
-        .await?;
+    grant(&ns, "writer", "configmaps", &["create", "list"]).await?;
 
     let as_writer = ns.client_as_service_account("writer").await?;
     let config_maps = Api::<ConfigMap>::namespaced(as_writer, &ns.name);
