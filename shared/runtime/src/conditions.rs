@@ -1,0 +1,111 @@
+//! Status conditions, merged the way `meta.SetStatusCondition` does: a
+//! condition's `lastTransitionTime` moves only when its status changes, so a
+//! reconcile that observes nothing new writes nothing new.
+
+pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+/// A condition of `type_` observed at `generation`, with `now` as its
+/// transition time if it turns out to be a transition.
+pub fn new(
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: impl Into<String>,
+    generation: Option<i64>,
+    now: Time,
+) -> Condition {
+    Condition {
+        type_: type_.to_owned(),
+        status: if status { "True" } else { "False" }.to_owned(),
+        reason: reason.to_owned(),
+        message: message.into(),
+        observed_generation: generation,
+        last_transition_time: now,
+    }
+}
+
+/// Puts `condition` into `conditions`, replacing the one of the same type.
+/// The existing `lastTransitionTime` is kept unless the status changed.
+/// Returns whether `conditions` changed.
+pub fn set(conditions: &mut Vec<Condition>, mut condition: Condition) -> bool {
+    match conditions.iter_mut().find(|c| c.type_ == condition.type_) {
+        None => {
+            conditions.push(condition);
+            true
+        }
+        Some(existing) => {
+            if existing.status == condition.status {
+                condition.last_transition_time = existing.last_transition_time.clone();
+            }
+            let changed = *existing != condition;
+            *existing = condition;
+            changed
+        }
+    }
+}
+
+/// The condition of `type_`, if present.
+pub fn find<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+    conditions.iter().find(|c| c.type_ == type_)
+}
+
+/// Whether the condition of `type_` is present with status True.
+pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
+    find(conditions, type_).is_some_and(|c| c.status == "True")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(seconds: i64) -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(seconds).expect("valid second"))
+    }
+
+    #[test]
+    fn a_new_type_is_added() {
+        let mut conditions = Vec::new();
+        assert!(set(
+            &mut conditions,
+            new("Ready", false, "Creating", "", Some(1), at(10))
+        ));
+        assert_eq!(conditions.len(), 1);
+        assert!(!is_true(&conditions, "Ready"));
+    }
+
+    #[test]
+    fn the_same_status_keeps_its_transition_time() {
+        let mut conditions = vec![new("Ready", true, "Running", "all good", Some(1), at(10))];
+        assert!(!set(
+            &mut conditions,
+            new("Ready", true, "Running", "all good", Some(1), at(99))
+        ));
+        assert_eq!(conditions[0].last_transition_time, at(10));
+        // A new message or generation is a change, but not a transition.
+        assert!(set(
+            &mut conditions,
+            new("Ready", true, "Running", "3/3 ready", Some(2), at(99))
+        ));
+        assert_eq!(conditions[0].last_transition_time, at(10));
+        assert_eq!(conditions[0].observed_generation, Some(2));
+    }
+
+    #[test]
+    fn a_status_change_is_a_transition() {
+        let mut conditions = vec![
+            new("Ready", true, "Running", "", Some(1), at(10)),
+            new("Degraded", false, "AllHealthy", "", Some(1), at(10)),
+        ];
+        assert!(set(
+            &mut conditions,
+            new("Ready", false, "InstanceDown", "pod 2", Some(1), at(50))
+        ));
+        let ready = find(&conditions, "Ready").expect("present");
+        assert_eq!(ready.last_transition_time, at(50));
+        assert_eq!(ready.reason, "InstanceDown");
+        assert_eq!(
+            find(&conditions, "Degraded").map(|c| &c.last_transition_time),
+            Some(&at(10))
+        );
+    }
+}
