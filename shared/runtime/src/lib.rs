@@ -7,3 +7,4 @@
 pub mod conditions;
 pub mod errors;
 pub mod labels;
+pub mod metrics;
