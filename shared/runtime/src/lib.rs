@@ -1,9 +1,13 @@
 //! Plumbing shared by the Cairn controller binaries.
 //!
 //! This crate grows into the leader-elected manager each controller runs in
-//! (see the runtime issue); so far it holds the conventions every controller
-//! must agree on: labels, conditions, and how errors are retried.
+//! (see the runtime issue). So far: the conventions every controller must
+//! agree on (labels, conditions, how errors are retried), the standard
+//! metrics, and the admin server (`/livez`, `/readyz`, `/metrics`). Leader
+//! election, the manager loop, telemetry, server-side apply helpers and the
+//! conversion webhook server are still to come.
 
+pub mod admin;
 pub mod conditions;
 pub mod errors;
 pub mod labels;

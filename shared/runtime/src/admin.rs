@@ -1,0 +1,205 @@
+//! The one admin HTTP server of a controller: `/livez`, `/readyz` and
+//! `/metrics` on a single port.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+
+use crate::metrics::Metrics;
+
+/// What the probes report, updated by the manager.
+#[derive(Clone)]
+pub struct Health {
+    inner: Arc<Mutex<HealthState>>,
+    /// How long watches may fail before `/livez` fails (the process is then
+    /// restarted, which re-establishes every connection).
+    watch_failure_limit: Duration,
+}
+
+struct HealthState {
+    ready: bool,
+    /// When the current run of watch failures began.
+    watch_failing_since: Option<Instant>,
+}
+
+impl Health {
+    pub fn new(watch_failure_limit: Duration) -> Self {
+        Self {
+            inner: Arc::new(Mutex::new(HealthState {
+                ready: false,
+                watch_failing_since: None,
+            })),
+            watch_failure_limit,
+        }
+    }
+
+    /// Ready: the caches have synced (leader), or the replica stands by
+    /// healthily with warm caches.
+    pub fn set_ready(&self, ready: bool) {
+        self.update(|s| s.ready = ready);
+    }
+
+    /// A watch failed (the API server is unreachable, say).
+    pub fn watch_failed(&self) {
+        self.update(|s| {
+            s.watch_failing_since.get_or_insert_with(Instant::now);
+        });
+    }
+
+    /// A watch delivered an event or re-listed: the connection works.
+    pub fn watch_ok(&self) {
+        self.update(|s| s.watch_failing_since = None);
+    }
+
+    /// Whether the process is healthy, with a reason if not.
+    pub fn live(&self) -> Result<(), String> {
+        let since = self.read(|s| s.watch_failing_since);
+        match since {
+            Some(since) if since.elapsed() > self.watch_failure_limit => Err(format!(
+                "watches have failed for {} s (limit {} s)",
+                since.elapsed().as_secs(),
+                self.watch_failure_limit.as_secs()
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    pub fn ready(&self) -> bool {
+        self.read(|s| s.ready)
+    }
+
+    fn update(&self, change: impl FnOnce(&mut HealthState)) {
+        // A poisoned lock only means a panic elsewhere; the flags stay usable.
+        let mut state = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        change(&mut state);
+    }
+
+    fn read<T>(&self, get: impl FnOnce(&HealthState) -> T) -> T {
+        get(&self.inner.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+#[derive(Clone)]
+struct AdminState {
+    health: Health,
+    metrics: Metrics,
+}
+
+/// The admin routes.
+pub fn router(health: Health, metrics: Metrics) -> Router {
+    Router::new()
+        .route("/livez", get(livez))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(render_metrics))
+        .with_state(AdminState { health, metrics })
+}
+
+/// Serves the admin routes on `address` until `shutdown` completes.
+pub async fn serve(
+    address: SocketAddr,
+    health: Health,
+    metrics: Metrics,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(address).await?;
+    axum::serve(listener, router(health, metrics))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+async fn livez(State(state): State<AdminState>) -> impl IntoResponse {
+    match state.health.live() {
+        Ok(()) => (StatusCode::OK, "ok".to_owned()),
+        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, reason),
+    }
+}
+
+async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
+    match state.health.ready() {
+        true => (StatusCode::OK, "ok"),
+        false => (StatusCode::SERVICE_UNAVAILABLE, "caches not synced"),
+    }
+}
+
+async fn render_metrics(State(state): State<AdminState>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::{Body, to_bytes};
+    use axum::http::Request;
+    use tower::ServiceExt;
+
+    async fn get(router: &Router, path: &str) -> (StatusCode, String) {
+        let response = router
+            .clone()
+            .oneshot(
+                Request::get(path)
+                    .body(Body::empty())
+                    .expect("valid request"),
+            )
+            .await
+            .expect("infallible");
+        let status = response.status();
+        let body = to_bytes(response.into_body(), 1 << 20)
+            .await
+            .expect("readable body");
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    fn fixture(limit: Duration) -> (Health, Router) {
+        let health = Health::new(limit);
+        let metrics = Metrics::new("test", "0.0.0", "none").expect("valid metrics");
+        (health.clone(), router(health, metrics))
+    }
+
+    #[tokio::test]
+    async fn readyz_follows_cache_sync() {
+        let (health, router) = fixture(Duration::from_secs(60));
+        assert_eq!(
+            get(&router, "/readyz").await.0,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        health.set_ready(true);
+        assert_eq!(get(&router, "/readyz").await, (StatusCode::OK, "ok".into()));
+    }
+
+    #[tokio::test]
+    async fn livez_fails_only_after_watches_failed_past_the_limit() {
+        let (health, router) = fixture(Duration::from_millis(100));
+        assert_eq!(get(&router, "/livez").await.0, StatusCode::OK);
+        health.watch_failed();
+        assert_eq!(
+            get(&router, "/livez").await.0,
+            StatusCode::OK,
+            "a short outage is tolerated"
+        );
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        health.watch_failed(); // still failing: the start of the run is kept
+        let (status, body) = get(&router, "/livez").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.contains("watches have failed"), "{body}");
+        health.watch_ok();
+        assert_eq!(get(&router, "/livez").await.0, StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn metrics_are_served_as_prometheus_text() {
+        let (_, router) = fixture(Duration::from_secs(60));
+        let (status, body) = get(&router, "/metrics").await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(body.contains("# TYPE cairn_leader gauge"), "{body}");
+    }
+}
