@@ -178,34 +178,57 @@ fn is_dns_name(name: &str) -> bool {
         })
 }
 
-/// The value of a Kubernetes quantity ("500m", "1Gi", "1e3"), as a float:
-/// precise enough to compare requests with limits.
-pub fn parse_quantity(quantity: &str) -> Option<f64> {
+/// The value of a Kubernetes quantity ("500m", "1Gi", "1e3", "0.7") in
+/// billionths, exactly: `700m` and `0.7` are equal, as Kubernetes says.
+/// Values finer than a billionth round up, as Kubernetes rounds them.
+pub fn parse_quantity(quantity: &str) -> Option<i128> {
     let split = quantity
         .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
         .unwrap_or(quantity.len());
     let (number, suffix) = quantity.split_at(split);
-    let number: f64 = number.parse().ok()?;
-    let factor = match suffix {
-        "" => 1.0,
-        "n" => 1e-9,
-        "u" => 1e-6,
-        "m" => 1e-3,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "E" => 1e18,
-        "Ki" => 1024f64,
-        "Mi" => 1024f64.powi(2),
-        "Gi" => 1024f64.powi(3),
-        "Ti" => 1024f64.powi(4),
-        "Pi" => 1024f64.powi(5),
-        "Ei" => 1024f64.powi(6),
-        exponent => 10f64.powi(exponent.strip_prefix(['e', 'E'])?.parse().ok()?),
+    let (negative, number) = match number.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, number.strip_prefix('+').unwrap_or(number)),
     };
-    Some(number * factor)
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    let all_digits = |s: &str| s.chars().all(|c| c.is_ascii_digit());
+    if (whole.is_empty() && fraction.is_empty()) || !all_digits(whole) || !all_digits(fraction) {
+        return None;
+    }
+    let digits = format!("{whole}{fraction}");
+    if digits.len() > 30 {
+        return None;
+    }
+    let digits: i128 = digits.parse().ok()?;
+    let (binary, exponent): (i128, i32) = match suffix {
+        "" => (1, 0),
+        "n" => (1, -9),
+        "u" => (1, -6),
+        "m" => (1, -3),
+        "k" => (1, 3),
+        "M" => (1, 6),
+        "G" => (1, 9),
+        "T" => (1, 12),
+        "P" => (1, 15),
+        "E" => (1, 18),
+        "Ki" => (1 << 10, 0),
+        "Mi" => (1 << 20, 0),
+        "Gi" => (1 << 30, 0),
+        "Ti" => (1 << 40, 0),
+        "Pi" => (1 << 50, 0),
+        "Ei" => (1 << 60, 0),
+        other => (1, other.strip_prefix(['e', 'E'])?.parse().ok()?),
+    };
+    // billionths = digits * binary * 10^(exponent + 9 - fraction digits)
+    let scale = exponent + 9 - i32::try_from(fraction.len()).ok()?;
+    let value = digits.checked_mul(binary)?;
+    let value = if scale >= 0 {
+        value.checked_mul(10i128.checked_pow(scale.unsigned_abs())?)?
+    } else {
+        let divisor = 10i128.checked_pow(scale.unsigned_abs())?;
+        (value + divisor - 1) / divisor
+    };
+    Some(if negative { -value } else { value })
 }
 
 #[cfg(test)]
@@ -218,15 +241,22 @@ mod tests {
     }
 
     #[test]
-    fn quantities_parse_in_every_notation() {
-        assert_eq!(parse_quantity("500m"), Some(0.5));
-        assert_eq!(parse_quantity("2"), Some(2.0));
-        assert_eq!(parse_quantity("1Gi"), Some(1073741824.0));
-        assert_eq!(parse_quantity("1G"), Some(1e9));
-        assert_eq!(parse_quantity("1e3"), Some(1000.0));
-        assert_eq!(parse_quantity("1.5Ki"), Some(1536.0));
-        assert_eq!(parse_quantity("ten"), None);
-        assert_eq!(parse_quantity("1Qi"), None);
+    fn quantities_parse_exactly_in_every_notation() {
+        const ONE: i128 = 1_000_000_000;
+        assert_eq!(parse_quantity("500m"), Some(ONE / 2));
+        assert_eq!(parse_quantity("2"), Some(2 * ONE));
+        assert_eq!(parse_quantity("1Gi"), Some(1_073_741_824 * ONE));
+        assert_eq!(parse_quantity("1G"), Some(ONE * ONE));
+        assert_eq!(parse_quantity("1e3"), Some(1000 * ONE));
+        assert_eq!(parse_quantity("1.5Ki"), Some(1536 * ONE));
+        assert_eq!(parse_quantity("700m"), parse_quantity("0.7"));
+        assert_eq!(parse_quantity("2300m"), parse_quantity("2.3"));
+        assert_eq!(parse_quantity("1024Mi"), parse_quantity("1Gi"));
+        assert_eq!(parse_quantity("1n"), Some(1));
+        assert_eq!(parse_quantity("0.1n"), Some(1), "rounds up");
+        for bad in ["ten", "1Qi", "", ".", "1.2.3", "--1"] {
+            assert_eq!(parse_quantity(bad), None, "{bad}");
+        }
     }
 
     fn cluster(resources: serde_json::Value) -> DatabaseClusterSpec {
@@ -247,7 +277,9 @@ mod tests {
             problems[0].to_string(),
             "spec.resources: the memory request 2Gi exceeds its limit 1Gi"
         );
-        let fine = cluster(json!({"requests": {"memory": "1024Mi"}, "limits": {"memory": "1Gi"}}));
+        let fine = cluster(
+            json!({"requests": {"memory": "1024Mi", "cpu": "700m"}, "limits": {"memory": "1Gi", "cpu": "0.7"}}),
+        );
         assert!(database_cluster(&fine).is_empty());
     }
 

@@ -75,6 +75,7 @@ prop_compose! {
         size in quantity(),
         class in option::of(word()),
         requests in option::of(btree_map(prop::sample::select(vec!["cpu".to_owned(), "memory".to_owned()]), quantity(), 0..3)),
+        limits in option::of(btree_map(prop::sample::select(vec!["cpu".to_owned(), "memory".to_owned()]), quantity(), 1..3)),
         node_selector in btree_map(word(), word(), 0..2),
         tolerations in vec((word(), word()), 0..2),
         priority in option::of(word()),
@@ -94,7 +95,7 @@ prop_compose! {
             "instances": instances,
             "postgres": { "version": version, "image": image, "parameters": parameters },
             "storage": { "size": size, "storageClassName": class },
-            "resources": requests.map(|r| json!({ "requests": r })),
+            "resources": requests.map(|r| json!({ "requests": r, "limits": limits })),
             "scheduling": scheduling,
             "bootstrap": bootstrap,
             "paused": paused,
@@ -110,13 +111,14 @@ prop_compose! {
         instances in option::of(0i32..10),
         ready in option::of(0i32..10),
         primary in option::of(word()),
+        selector in option::of(word()),
         endpoints in option::of((option::of(word()), option::of(word()))),
         secret in option::of(word()),
         version in option::of(word()),
     ) -> Value {
         json!({
             "observedGeneration": generation, "phase": phase, "conditions": conditions,
-            "instances": instances, "readyInstances": ready, "currentPrimary": primary,
+            "instances": instances, "readyInstances": ready, "currentPrimary": primary, "selector": selector,
             "endpoints": endpoints.map(|(rw, ro)| json!({ "readWrite": rw, "readOnly": ro })),
             "credentialsSecret": secret, "postgresVersion": version,
         })
@@ -174,12 +176,20 @@ proptest! {
 
     #[test]
     fn v1_to_v1alpha1_and_back_is_lossless(cluster in v1_cluster()) {
-        prop_assert_eq!(to_v1(to_v1alpha1(cluster.clone())), cluster);
+        prop_assert_eq!(to_v1(to_v1alpha1(cluster.clone())).expect("converts"), cluster);
     }
 
     #[test]
     fn v1alpha1_to_v1_and_back_is_lossless(cluster in v1alpha1_cluster()) {
-        prop_assert_eq!(to_v1alpha1(to_v1(cluster.clone())), cluster);
+        prop_assert_eq!(to_v1alpha1(to_v1(cluster.clone()).expect("converts")), cluster);
+    }
+
+    /// The usual read-modify-write through v1alpha1: a v1 object read as
+    /// v1alpha1 (with the annotations) and written back converts losslessly.
+    #[test]
+    fn v1alpha1_with_kept_fields_round_trips(cluster in v1_cluster()) {
+        let old = to_v1alpha1(cluster);
+        prop_assert_eq!(to_v1alpha1(to_v1(old.clone()).expect("converts")), old);
     }
 
     /// The same through JSON, as the webhook sees objects.
@@ -202,12 +212,41 @@ fn the_meaning_survives_in_the_fields_both_versions_have() {
         "spec": { "size": 3, "version": "16", "storageSize": "5Gi" }
     }))
     .expect("valid");
-    let new = to_v1(old);
+    let new = to_v1(old).expect("converts");
     assert_eq!(new.spec.instances, 3);
     assert_eq!(new.spec.postgres.version, "16");
     assert_eq!(new.spec.storage.size, "5Gi");
     assert_eq!(new.metadata.annotations, None);
     assert_eq!(new.spec.postgres.parameters, BTreeMap::new());
+}
+
+#[test]
+fn a_stale_annotation_on_a_v1_object_does_not_come_back() {
+    let mut cluster: v1::DatabaseCluster = serde_json::from_value(json!({
+        "apiVersion": "database.cairn.dev/v1", "kind": "DatabaseCluster",
+        "metadata": { "name": "orders", "annotations": {
+            "database.cairn.dev/v1-spec": "{\"paused\":true}" } },
+        "spec": { "instances": 1, "postgres": { "version": "17" }, "storage": { "size": "1Gi" } }
+    }))
+    .expect("valid");
+    let back = to_v1(to_v1alpha1(cluster.clone())).expect("converts");
+    assert!(!back.spec.paused);
+    cluster.metadata.annotations = None;
+    assert_eq!(back, cluster);
+}
+
+#[test]
+fn an_unreadable_annotation_is_an_error_not_a_silent_default() {
+    let object = json!({
+        "apiVersion": "database.cairn.dev/v1alpha1", "kind": "DatabaseCluster",
+        "metadata": { "name": "orders", "annotations": { "database.cairn.dev/v1-spec": "{not json" } },
+        "spec": { "size": 1, "version": "17", "storageSize": "1Gi" }
+    });
+    let error = convert(object, "database.cairn.dev/v1").expect_err("must fail");
+    assert!(
+        error.to_string().contains("database.cairn.dev/v1-spec"),
+        "{error}"
+    );
 }
 
 #[test]

@@ -368,14 +368,14 @@ fn cases() -> Vec<Case> {
             BK,
             json!({}),
             json!({"spec": {"method": "physical"}}),
-            &["a Backup's spec is immutable"],
+            &["a Backup's cluster, method, destination and deadlineSeconds are immutable"],
         ),
         invalid_change(
             "deadline change",
             BK,
             json!({}),
             json!({"spec": {"deadlineSeconds": 600}}),
-            &["a Backup's spec is immutable"],
+            &["a Backup's cluster, method, destination and deadlineSeconds are immutable"],
         ),
         // BackupSchedule
         invalid(
@@ -424,7 +424,10 @@ fn cases() -> Vec<Case> {
             "negative starting deadline",
             BKS,
             json!({"spec": {"startingDeadlineSeconds": -1}}),
-            &["spec.startingDeadlineSeconds", "greater than or equal to 0"],
+            &[
+                "spec.startingDeadlineSeconds",
+                "greater than or equal to 10",
+            ],
         ),
         // ProviderConfig
         invalid(
@@ -484,14 +487,14 @@ fn cases() -> Vec<Case> {
             OB,
             json!({"spec": {"bucketName": "acme-one"}}),
             json!({"spec": {"bucketName": "acme-two"}}),
-            &["spec.bucketName cannot be changed once set"],
+            &["spec.bucketName is immutable"],
         ),
         invalid_change(
             "bucket name removed",
             OB,
             json!({"spec": {"bucketName": "acme-one"}}),
             json!({"spec": {"bucketName": null}}),
-            &["spec.bucketName cannot be changed once set"],
+            &["spec.bucketName is immutable"],
         ),
         // DnsRecord
         invalid(
@@ -530,6 +533,66 @@ fn cases() -> Vec<Case> {
             json!({}),
             json!({"spec": {"name": "other.example.com"}}),
             &["spec.zone, spec.name and spec.type identify the record and are immutable"],
+        ),
+        // Rules added after review
+        invalid(
+            "managed parameter in capitals",
+            DBC,
+            json!({"spec": {"postgres": {"parameters": {"Listen_Addresses": "*"}}}}),
+            &["a parameter Cairn manages cannot be set"],
+        ),
+        invalid(
+            "reserved owner",
+            DBC,
+            json!({"spec": {"bootstrap": {"initdb": {"owner": "postgres"}}}}),
+            &["postgres, streaming_replica and pg_* are reserved roles"],
+        ),
+        invalid(
+            "reserved database",
+            DBC,
+            json!({"spec": {"bootstrap": {"initdb": {"database": "template1"}}}}),
+            &["are PostgreSQL's own databases"],
+        ),
+        invalid(
+            "starting deadline too short",
+            BKS,
+            json!({"spec": {"startingDeadlineSeconds": 5}}),
+            &[
+                "spec.startingDeadlineSeconds",
+                "greater than or equal to 10",
+            ],
+        ),
+        invalid(
+            "AWS region in words without endpoint",
+            PC,
+            json!({"spec": {"region": "auto"}}),
+            &["spec.region must be an AWS region"],
+        ),
+        invalid(
+            "CNAME at the apex",
+            DNS,
+            json!({"spec": {"name": "example.com"}}),
+            &["a CNAME record cannot be at the zone apex"],
+        ),
+        invalid(
+            "observed bucket with Delete",
+            OB,
+            json!({"spec": {"managementPolicy": "ObserveOnly", "deletionPolicy": "Delete"}}),
+            &["an ObserveOnly bucket must have deletionPolicy Orphan"],
+        ),
+        invalid_change(
+            "bucket name added later",
+            OB,
+            json!({}),
+            json!({"spec": {"bucketName": "acme-later"}}),
+            &["spec.bucketName is immutable"],
+        ),
+        invalid_change(
+            "bucket moved",
+            OB,
+            json!({"spec": {"region": "eu-west-1"}}),
+            json!({"spec": {"region": "us-east-1"}}),
+            &["spec.region is immutable"],
         ),
     ]
 }
@@ -616,7 +679,12 @@ async fn allowed_changes_are_accepted() -> Result {
         ),
         (
             "ObjectBucket",
-            json!({"spec": {"bucketName": "acme-set-later"}}),
+            json!({"spec": {"versioning": false, "tags": {"team": "billing"}, "deletionPolicy": "Delete"}}),
+        ),
+        ("Backup", json!({"spec": {"deletionPolicy": "Delete"}})),
+        (
+            "ProviderConfig",
+            json!({"spec": {"region": "auto", "endpoint": "https://example.r2.cloudflarestorage.com"}}),
         ),
         (
             "BackupSchedule",

@@ -116,5 +116,49 @@ async fn objects_read_the_same_in_both_versions_through_the_webhook() -> Result 
         !annotations.contains_key(conversion::SPEC_ANNOTATION),
         "{annotations:?}"
     );
+
+    // v1's transition rules hold through v1alpha1 too.
+    for (field, value, message) in [
+        (
+            "storageSize",
+            json!("1Gi"),
+            "spec.storageSize cannot shrink",
+        ),
+        (
+            "version",
+            json!("16"),
+            "the major version cannot be downgraded",
+        ),
+    ] {
+        let mut changed = old.get("modern").await?;
+        changed.data["spec"][field] = value;
+        match old
+            .replace("modern", &PostParams::default(), &changed)
+            .await
+        {
+            Err(kube::Error::Api(status)) => {
+                assert!(status.message.contains(message), "{}", status.message)
+            }
+            other => panic!("changing {field} through v1alpha1 must be rejected, got {other:?}"),
+        }
+    }
+
+    // Clients of the deprecated version are told so.
+    let listed = cluster()
+        .kubectl(&[
+            "get",
+            "databaseclusters.v1alpha1.database.cairn.dev",
+            "-n",
+            &ns.name,
+        ])
+        .await?;
+    let warning =
+        "database.cairn.dev/v1alpha1 DatabaseCluster is deprecated; use database.cairn.dev/v1";
+    assert!(
+        listed.stderr.contains(warning),
+        "no deprecation warning in: {}",
+        listed.stderr
+    );
+    assert!(listed.stdout.contains("modern"), "{}", listed.stdout);
     Ok(())
 }

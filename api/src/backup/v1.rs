@@ -17,8 +17,9 @@ use crate::common::{Condition, LocalObjectReference, Time};
     status = "BackupStatus",
     shortname = "bk",
     category = "cairn",
-    validation = Rule::new("self.spec == oldSelf.spec")
-        .message("a Backup's spec is immutable: create a new Backup instead"),
+    validation = Rule::new(
+        "self.spec.cluster == oldSelf.spec.cluster && self.spec.method == oldSelf.spec.method && self.spec.destination == oldSelf.spec.destination && has(self.spec.deadlineSeconds) == has(oldSelf.spec.deadlineSeconds) && (!has(self.spec.deadlineSeconds) || self.spec.deadlineSeconds == oldSelf.spec.deadlineSeconds)"
+    ).message("a Backup's cluster, method, destination and deadlineSeconds are immutable: create a new Backup instead"),
     printcolumn(name = "Cluster", type_ = "string", json_path = ".spec.cluster.name"),
     printcolumn(name = "Method", type_ = "string", json_path = ".spec.method"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
@@ -40,7 +41,8 @@ pub struct BackupSpec {
     #[schemars(range(min = 60, max = 604800))]
     pub deadline_seconds: Option<i64>,
     /// What happens to the stored backup when this Backup is deleted:
-    /// `Retain` (default) keeps it, `Delete` removes it.
+    /// `Retain` (default) keeps it, `Delete` removes it. The only field that
+    /// can change after creation.
     #[serde(default)]
     pub deletion_policy: BackupDeletionPolicy,
 }
@@ -78,7 +80,9 @@ pub struct BackupDestination {
 }
 
 /// An S3-compatible bucket.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = Rule::new("!has(self.region) || has(self.endpoint) || self.region.matches('^[a-z]{2}(-[a-z]+)+-[0-9]+$')")
+    .message("s3.region must be an AWS region such as eu-west-1 (or set s3.endpoint for another service)"))]
 #[serde(rename_all = "camelCase")]
 pub struct S3Destination {
     /// URL of the S3 API; AWS's regional endpoint if unset.
@@ -88,9 +92,10 @@ pub struct S3Destination {
     /// Bucket name (S3 naming rules: 3 to 63 lowercase letters, digits, dots, hyphens).
     #[schemars(regex(pattern = r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$"))]
     pub bucket: String,
-    /// Region of the bucket.
+    /// Region of the bucket (an AWS region unless `endpoint` names another
+    /// S3-compatible service).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^[a-z]{2}(-[a-z]+)+-[0-9]+$"))]
+    #[schemars(regex(pattern = r"^[a-z0-9-]{1,32}$"))]
     pub region: Option<String>,
     /// Key prefix under which backups are stored, e.g. `orders/`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -176,7 +181,7 @@ pub struct BackupScheduleSpec {
     pub schedule: String,
     /// IANA time zone of the schedule, e.g. "Europe/Paris"; UTC if unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^(UTC|[A-Za-z]+(/[A-Za-z0-9_+-]+){1,2})$"))]
+    #[schemars(regex(pattern = r"^[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+){0,2}$"))]
     pub time_zone: Option<String>,
     /// Stop creating new Backups (running ones finish).
     #[serde(default)]
@@ -190,7 +195,7 @@ pub struct BackupScheduleSpec {
     /// example after the controller was down); missed slots older than this
     /// are skipped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0, max = 86400))]
+    #[schemars(range(min = 10, max = 86400))]
     pub starting_deadline_seconds: Option<i64>,
     /// The Backup made at each slot.
     pub template: BackupTemplate,
@@ -217,7 +222,8 @@ pub struct BackupTemplate {
 
 /// Which completed Backups of a schedule to keep. A Backup is deleted when
 /// it is outside `keepLast` or older than `maxAge`; the newest completed one is
-/// always kept.
+/// always kept. Deleting a Backup removes its stored artifact only if the
+/// template's `deletionPolicy` is `Delete`.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Retention {

@@ -13,7 +13,9 @@ pub const EXTERNAL_NAME_ANNOTATION: &str = "cloud.cairn.dev/external-name";
 
 /// How to reach a cloud provider, and with which credentials. Namespaced: a
 /// namespace can only use its own credentials.
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = Rule::new("has(self.endpoint) || self.region.matches('^[a-z]{2}(-[a-z]+)+-[0-9]+$')")
+    .message("spec.region must be an AWS region such as eu-west-1 (or set spec.endpoint for another service)"))]
 #[kube(
     group = "cloud.cairn.dev",
     version = "v1alpha1",
@@ -41,8 +43,9 @@ pub struct ProviderConfigSpec {
     /// The provider: `aws` (or any S3/Route53-compatible API with `endpoint`).
     #[serde(rename = "type")]
     pub type_: ProviderType,
-    /// Default region of the resources, e.g. "eu-west-1".
-    #[schemars(regex(pattern = r"^[a-z]{2}(-[a-z]+)+-[0-9]+$"))]
+    /// Default region of the resources, e.g. "eu-west-1" (any region name
+    /// of the service when `endpoint` is set).
+    #[schemars(regex(pattern = r"^[a-z0-9-]{1,32}$"))]
     pub region: String,
     /// URL of an S3-compatible API or emulator instead of AWS's endpoints.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -93,11 +96,14 @@ pub struct CloudStatus {
 }
 
 /// What happens to the external resource when its object is deleted.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum DeletionPolicy {
-    #[default]
     Delete,
     Orphan,
+}
+
+fn delete() -> DeletionPolicy {
+    DeletionPolicy::Delete
 }
 
 /// Whether the controller may change the external resource.
@@ -143,20 +149,25 @@ pub enum ManagementPolicy {
     )
 )]
 #[x_kube(validation = Rule::new(
-    "!has(oldSelf.bucketName) || (has(self.bucketName) && self.bucketName == oldSelf.bucketName)"
-).message("spec.bucketName cannot be changed once set"))]
+    "has(self.bucketName) == has(oldSelf.bucketName) && (!has(self.bucketName) || self.bucketName == oldSelf.bucketName)"
+).message("spec.bucketName is immutable: it names the bucket this object manages"))]
+#[x_kube(validation = Rule::new(
+    "has(self.region) == has(oldSelf.region) && (!has(self.region) || self.region == oldSelf.region)"
+).message("spec.region is immutable: a bucket cannot move"))]
+#[x_kube(validation = Rule::new("self.managementPolicy != 'ObserveOnly' || self.deletionPolicy == 'Orphan'")
+    .message("an ObserveOnly bucket must have deletionPolicy Orphan: Cairn never deletes what it only observes"))]
 #[serde(rename_all = "camelCase")]
 pub struct ObjectBucketSpec {
     /// The ProviderConfig of this namespace to use.
     pub provider_config_ref: LocalObjectReference,
     /// Name of the bucket (S3 naming rules). Default: derived from the
-    /// namespace, name and uid of this object. Cannot change once set.
+    /// namespace, name and uid of this object. Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$"))]
     pub bucket_name: Option<String>,
-    /// Region of the bucket; the ProviderConfig's if unset.
+    /// Region of the bucket; the ProviderConfig's if unset. Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^[a-z]{2}(-[a-z]+)+-[0-9]+$"))]
+    #[schemars(regex(pattern = r"^[a-z0-9-]{1,32}$"))]
     pub region: Option<String>,
     /// Keep every version of every object.
     #[serde(default)]
@@ -174,8 +185,9 @@ pub struct ObjectBucketSpec {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(extend("maxProperties" = 40))]
     pub tags: BTreeMap<String, String>,
-    /// `Delete` (default) deletes the bucket with this object, `Orphan` keeps it.
-    #[serde(default)]
+    /// `Orphan` (default) keeps the bucket, and the data in it, when this
+    /// object is deleted; `Delete` deletes it (S3 refuses while it holds objects).
+    #[serde(default = "orphan")]
     pub deletion_policy: DeletionPolicy,
     /// `Manage` (default) or `ObserveOnly`.
     #[serde(default)]
@@ -188,6 +200,11 @@ pub struct ObjectBucketSpec {
 
 fn default_true() -> bool {
     true
+}
+
+/// Buckets hold data (backups among them): never delete one by default.
+fn orphan() -> DeletionPolicy {
+    DeletionPolicy::Orphan
 }
 
 /// Server-side encryption.
@@ -246,6 +263,10 @@ pub struct Lifecycle {
     .message("spec.zone, spec.name and spec.type identify the record and are immutable"))]
 #[x_kube(validation = Rule::new("self.type != 'CNAME' || size(self.values) == 1")
     .message("a CNAME record has exactly one value"))]
+#[x_kube(validation = Rule::new("self.type != 'CNAME' || self.name != self.zone")
+    .message("a CNAME record cannot be at the zone apex"))]
+#[x_kube(validation = Rule::new("self.managementPolicy != 'ObserveOnly' || self.deletionPolicy == 'Orphan'")
+    .message("an ObserveOnly record must have deletionPolicy Orphan: Cairn never deletes what it only observes"))]
 #[x_kube(validation = Rule::new("self.name == self.zone || self.name.endsWith('.' + self.zone)")
     .message("spec.name must be spec.zone or a name inside it"))]
 #[serde(rename_all = "camelCase")]
@@ -280,7 +301,7 @@ pub struct DnsRecordSpec {
     #[schemars(length(min = 1, max = 100))]
     pub values: Vec<String>,
     /// `Delete` (default) deletes the record with this object, `Orphan` keeps it.
-    #[serde(default)]
+    #[serde(default = "delete")]
     pub deletion_policy: DeletionPolicy,
     /// `Manage` (default) or `ObserveOnly`.
     #[serde(default)]

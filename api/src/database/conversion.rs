@@ -73,6 +73,8 @@ pub enum ConversionError {
     UnknownVersion(String),
     #[error("object is not a valid DatabaseCluster: {0}")]
     Invalid(#[from] serde_json::Error),
+    #[error("annotation {0} does not hold valid JSON of the v1 fields: {1}")]
+    BadAnnotation(String, serde_json::Error),
 }
 
 /// v1 → v1alpha1.
@@ -82,6 +84,14 @@ pub fn to_v1alpha1(cluster: v1::DatabaseCluster) -> v1alpha1::DatabaseCluster {
         spec,
         status,
     } = cluster;
+    // A stale copy (say, set by hand on the v1 object) must not come back.
+    if let Some(annotations) = metadata.annotations.as_mut() {
+        let removed = annotations.remove(SPEC_ANNOTATION).is_some()
+            | annotations.remove(STATUS_ANNOTATION).is_some();
+        if removed && annotations.is_empty() {
+            metadata.annotations = None;
+        }
+    }
     let extras = SpecExtras {
         image: spec.postgres.image,
         parameters: spec.postgres.parameters,
@@ -127,15 +137,16 @@ pub fn to_v1alpha1(cluster: v1::DatabaseCluster) -> v1alpha1::DatabaseCluster {
 }
 
 /// v1alpha1 → v1. Fields v1alpha1 has win over the annotation's copy: the
-/// user may have changed them through v1alpha1.
-pub fn to_v1(cluster: v1alpha1::DatabaseCluster) -> v1::DatabaseCluster {
+/// user may have changed them through v1alpha1. An annotation that does not
+/// parse is an error: defaulting it would silently drop v1 fields.
+pub fn to_v1(cluster: v1alpha1::DatabaseCluster) -> Result<v1::DatabaseCluster, ConversionError> {
     let v1alpha1::DatabaseCluster {
         mut metadata,
         spec,
         status,
     } = cluster;
-    let extras: SpecExtras = take(&mut metadata, SPEC_ANNOTATION);
-    let status_extras: StatusExtras = take(&mut metadata, STATUS_ANNOTATION);
+    let extras: SpecExtras = take(&mut metadata, SPEC_ANNOTATION)?;
+    let status_extras: StatusExtras = take(&mut metadata, STATUS_ANNOTATION)?;
     let status = status.map(|status| {
         let endpoints = v1::Endpoints {
             read_write: status.endpoint,
@@ -176,7 +187,7 @@ pub fn to_v1(cluster: v1alpha1::DatabaseCluster) -> v1::DatabaseCluster {
     );
     converted.metadata = metadata;
     converted.status = status;
-    converted
+    Ok(converted)
 }
 
 /// Writes `extras` into annotation `key` unless it is empty.
@@ -192,19 +203,22 @@ fn keep<T: Serialize + Default + PartialEq>(metadata: &mut ObjectMeta, key: &str
     }
 }
 
-/// Removes annotation `key` and parses it (empty if absent or unreadable).
-fn take<T: for<'de> Deserialize<'de> + Default>(metadata: &mut ObjectMeta, key: &str) -> T {
+/// Removes annotation `key` and parses it (empty if absent).
+fn take<T: for<'de> Deserialize<'de> + Default>(
+    metadata: &mut ObjectMeta,
+    key: &str,
+) -> Result<T, ConversionError> {
     let Some(annotations) = metadata.annotations.as_mut() else {
-        return T::default();
+        return Ok(T::default());
     };
     let Some(json) = annotations.remove(key) else {
-        return T::default();
+        return Ok(T::default());
     };
     // `keep` created the map if this annotation was its only entry.
     if annotations.is_empty() {
         metadata.annotations = None;
     }
-    serde_json::from_str(&json).unwrap_or_default()
+    serde_json::from_str(&json).map_err(|e| ConversionError::BadAnnotation(key.to_owned(), e))
 }
 
 /// Converts one object, in either version, to `desired_api_version`.
@@ -218,7 +232,7 @@ pub fn convert(object: Value, desired_api_version: &str) -> Result<Value, Conver
         return Ok(object);
     }
     let converted = match (from.as_str(), desired_api_version) {
-        (V1ALPHA1, V1) => serde_json::to_value(to_v1(serde_json::from_value(object)?))?,
+        (V1ALPHA1, V1) => serde_json::to_value(to_v1(serde_json::from_value(object)?)?)?,
         (V1, V1ALPHA1) => serde_json::to_value(to_v1alpha1(serde_json::from_value(object)?))?,
         (V1 | V1ALPHA1, other) => return Err(ConversionError::UnknownVersion(other.to_owned())),
         (other, _) => return Err(ConversionError::UnknownVersion(other.to_owned())),

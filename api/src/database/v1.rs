@@ -11,14 +11,21 @@ use crate::common::{Condition, LocalObjectReference};
 
 /// postgresql.conf settings Cairn sets itself: replication, paths, listening
 /// and TLS depend on them, so a user value would break the cluster.
+/// PostgreSQL matches parameter names case-insensitively, and so does the rule.
 pub const MANAGED_PARAMETERS: &[&str] = &[
     "archive_command",
+    "archive_library",
     "archive_mode",
+    "config_file",
     "data_directory",
     "hba_file",
     "hot_standby",
     "ident_file",
+    "include",
+    "include_dir",
+    "include_if_exists",
     "listen_addresses",
+    "max_replication_slots",
     "max_wal_senders",
     "port",
     "primary_conninfo",
@@ -28,9 +35,14 @@ pub const MANAGED_PARAMETERS: &[&str] = &[
     "ssl_ca_file",
     "ssl_cert_file",
     "ssl_key_file",
+    "ssl_passphrase_command",
     "unix_socket_directories",
     "wal_level",
+    "wal_log_hints",
 ];
+
+/// The role cairn-instance replicates with; users cannot take its name.
+pub const REPLICATION_USER: &str = "streaming_replica";
 
 /// A PostgreSQL cluster: one primary and streaming replicas, with the
 /// Services, credentials and configuration to use it.
@@ -130,7 +142,7 @@ fn managed_parameters_rule() -> String {
         .iter()
         .map(|p| format!("'{p}'"))
         .collect();
-    format!("self.all(k, !(k in [{}]))", names.join(", "))
+    format!("self.all(k, !(k.lowerAscii() in [{}]))", names.join(", "))
 }
 
 /// Storage of each instance.
@@ -194,7 +206,11 @@ pub struct BootstrapSpec {
 }
 
 /// A new database, created by initdb.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = Rule::new("!(self.database in ['postgres', 'template0', 'template1'])")
+    .message("spec.bootstrap.initdb.database: postgres, template0 and template1 are PostgreSQL's own databases"))]
+#[x_kube(validation = Rule::new("!(self.owner in ['postgres', 'streaming_replica']) && !self.owner.startsWith('pg_')")
+    .message("spec.bootstrap.initdb.owner: postgres, streaming_replica and pg_* are reserved roles"))]
 pub struct InitdbSpec {
     /// Name of the application database to create.
     #[schemars(regex(pattern = r"^[a-z_][a-z0-9_]{0,62}$"))]

@@ -2,7 +2,7 @@
 //! `DatabaseCluster`. Served and deprecated; stored as v1 (see
 //! [`super::conversion`]).
 
-use kube::CustomResource;
+use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -10,7 +10,7 @@ use super::v1::DatabaseClusterPhase;
 use crate::common::Condition;
 
 /// A PostgreSQL cluster (deprecated shape; use database.cairn.dev/v1).
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "database.cairn.dev",
     version = "v1alpha1",
@@ -34,6 +34,14 @@ use crate::common::Condition;
         json_path = ".metadata.creationTimestamp"
     )
 )]
+// The API server checks a write against the schema of the version it was
+// sent in: v1's rules on the fields both versions have are repeated here.
+#[x_kube(validation = Rule::new(
+    "int(self.version.split('.')[0]) >= int(oldSelf.version.split('.')[0])"
+).message("spec.version: the major version cannot be downgraded"))]
+#[x_kube(validation = Rule::new(
+    "quantity(self.storageSize).compareTo(quantity(oldSelf.storageSize)) >= 0"
+).message("spec.storageSize cannot shrink: PersistentVolumeClaims can only grow"))]
 #[serde(rename_all = "camelCase")]
 pub struct DatabaseClusterSpec {
     /// Number of PostgreSQL instances (v1: spec.instances).
@@ -49,6 +57,8 @@ pub struct DatabaseClusterSpec {
             pattern = r"^(\+)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
         )
     )]
+    #[x_kube(validation = Rule::new("quantity(self).isGreaterThan(quantity('0'))")
+        .message("spec.storageSize must be a positive quantity such as 10Gi"))]
     pub storage_size: String,
 }
 
