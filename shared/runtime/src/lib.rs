@@ -3,12 +3,14 @@
 //! This crate grows into the leader-elected manager each controller runs in
 //! (see the runtime issue). So far: the conventions every controller must
 //! agree on (labels, conditions, how errors are retried), the standard
-//! metrics, and the admin server (`/livez`, `/readyz`, `/metrics`). Leader
+//! metrics, the admin server (`/livez`, `/readyz`, `/metrics`) and the
+//! configuration from flags and environment. Leader
 //! election, the manager loop, telemetry, server-side apply helpers and the
 //! conversion webhook server are still to come.
 
 pub mod admin;
 pub mod conditions;
+pub mod config;
 pub mod errors;
 pub mod labels;
 pub mod metrics;
