@@ -4,9 +4,9 @@
 //! (see the runtime issue). So far: the conventions every controller must
 //! agree on (labels, conditions, how errors are retried), the standard
 //! metrics, the admin server (`/livez`, `/readyz`, `/metrics`) and the
-//! configuration from flags and environment. Leader
-//! election, the manager loop, telemetry, server-side apply helpers and the
-//! conversion webhook server are still to come.
+//! configuration from flags and environment. Leader election, the manager
+//! loop, telemetry, server-side apply helpers and the conversion webhook
+//! server are still to come.
 
 pub mod admin;
 pub mod conditions;
