@@ -3,10 +3,11 @@
 //! This crate grows into the leader-elected manager each controller runs in
 //! (see the runtime issue). So far: the conventions every controller must
 //! agree on (labels, conditions, how errors are retried), the standard
-//! metrics, the admin server (`/livez`, `/readyz`, `/metrics`) and the
-//! configuration from flags and environment. Leader election, the manager
-//! loop, telemetry, server-side apply helpers and the conversion webhook
-//! server are still to come.
+//! metrics, the admin server (`/livez`, `/readyz`, `/metrics`), the
+//! configuration from flags and environment, and telemetry (JSON or text logs,
+//! OTLP traces when an endpoint is set). Leader election, the manager loop,
+//! server-side apply helpers and the conversion webhook server are still to
+//! come.
 
 pub mod admin;
 pub mod conditions;
@@ -14,3 +15,4 @@ pub mod config;
 pub mod errors;
 pub mod labels;
 pub mod metrics;
+pub mod telemetry;
