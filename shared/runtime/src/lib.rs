@@ -4,15 +4,16 @@
 //! (see the runtime issue). So far: the conventions every controller must
 //! agree on (labels, conditions, how errors are retried), the standard
 //! metrics, the admin server (`/livez`, `/readyz`, `/metrics`), the
-//! configuration from flags and environment, and telemetry (JSON or text logs,
-//! OTLP traces when an endpoint is set). Leader election, the manager loop,
-//! server-side apply helpers and the conversion webhook server are still to
-//! come.
+//! configuration from flags and environment, telemetry (JSON or text logs,
+//! OTLP traces when an endpoint is set) and leader election on a Lease. The
+//! manager loop, server-side apply helpers and the conversion webhook server
+//! are still to come.
 
 pub mod admin;
 pub mod conditions;
 pub mod config;
 pub mod errors;
 pub mod labels;
+pub mod leader;
 pub mod metrics;
 pub mod telemetry;

@@ -1,0 +1,328 @@
+//! Leader election on a `coordination.k8s.io` Lease, the way client-go does
+//! it: the holder renews the Lease with optimistic concurrency (so two holders
+//! are impossible), standbys poll it and take it when it is free or expired,
+//! and a holder that steps down clears it so a standby takes over at once.
+//!
+//! Own implementation rather than kube-lease-manager: its standbys sleep until
+//! the holder's lease would expire, so a released lease moved only after up to
+//! a full lease duration (15 s measured here), not the ~1 s a graceful
+//! shutdown needs.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{ObjectMeta, PostParams};
+use kube::{Api, Client};
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::metrics::Metrics;
+
+/// Timing of the election.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// How long a lease stays valid after its last renewal: a standby takes
+    /// over this long after a leader dies without releasing it.
+    pub lease_duration: Duration,
+    /// How often the holder renews.
+    pub renew_interval: Duration,
+    /// A holder that could not renew for this long steps down (before its
+    /// lease expires, so it never acts after a standby may have taken over).
+    pub renew_deadline: Duration,
+    /// How often a standby checks the lease.
+    pub retry_interval: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Self {
+            lease_duration: Duration::from_secs(15),
+            renew_interval: Duration::from_secs(5),
+            renew_deadline: Duration::from_secs(10),
+            retry_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Why this replica is no longer leading.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaderError {
+    #[error("lost the lease: another replica may be leading")]
+    Lost,
+    #[error("the election task ended")]
+    TaskEnded,
+    #[error("could not release the lease: {0}")]
+    Release(kube::Error),
+}
+
+/// This replica's candidacy for a Lease. Dropping it stops renewing without
+/// releasing; call [`Candidacy::release`] on a graceful shutdown.
+pub struct Candidacy {
+    is_leader: watch::Receiver<bool>,
+    stop: Option<oneshot::Sender<oneshot::Sender<Result<(), kube::Error>>>>,
+    task: JoinHandle<()>,
+    metrics: Metrics,
+}
+
+/// Starts competing for Lease `namespace/name` as `identity` (the pod name).
+pub fn run_for(
+    client: Client,
+    namespace: &str,
+    name: &str,
+    identity: &str,
+    timing: Timing,
+    metrics: Metrics,
+) -> Candidacy {
+    let (leader_tx, is_leader) = watch::channel(false);
+    let (stop, stop_rx) = oneshot::channel();
+    let election = Election {
+        api: Api::namespaced(client, namespace),
+        name: name.to_owned(),
+        identity: identity.to_owned(),
+        timing,
+        last_renewal: None,
+    };
+    let task = tokio::spawn(election.run(leader_tx, stop_rx));
+    Candidacy {
+        is_leader,
+        stop: Some(stop),
+        task,
+        metrics,
+    }
+}
+
+impl Candidacy {
+    /// Waits until this replica holds the lease.
+    pub async fn acquired(&mut self) -> Result<(), LeaderError> {
+        self.is_leader
+            .wait_for(|leader| *leader)
+            .await
+            .map_err(|_| LeaderError::TaskEnded)?;
+        self.metrics.leader.set(1);
+        self.metrics.lease_transitions.inc();
+        Ok(())
+    }
+
+    /// Waits until this replica, holding the lease, loses it. Reconciling must
+    /// stop at once.
+    pub async fn lost(&mut self) -> LeaderError {
+        let result = self.is_leader.wait_for(|leader| !*leader).await;
+        self.metrics.leader.set(0);
+        self.metrics.lease_transitions.inc();
+        match result {
+            Ok(_) => LeaderError::Lost,
+            Err(_) => LeaderError::TaskEnded,
+        }
+    }
+
+    /// Whether this replica holds the lease now.
+    pub fn is_leader(&self) -> bool {
+        *self.is_leader.borrow()
+    }
+
+    /// Steps down and clears the lease so a standby takes over within its
+    /// retry interval (on SIGTERM). Waits at most `timeout`.
+    pub async fn release(mut self, timeout: Duration) -> Result<(), LeaderError> {
+        self.metrics.leader.set(0);
+        let (done, released) = oneshot::channel();
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(done);
+        }
+        match tokio::time::timeout(timeout, released).await {
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(e))) => Err(LeaderError::Release(e)),
+            Ok(Err(_)) | Err(_) => Err(LeaderError::TaskEnded),
+        }
+    }
+
+    /// Stops renewing without releasing, as a crash would: the lease moves
+    /// only when it expires.
+    pub fn abandon(self) {
+        self.metrics.leader.set(0);
+        self.task.abort();
+    }
+}
+
+impl Drop for Candidacy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+struct Election {
+    api: Api<Lease>,
+    name: String,
+    identity: String,
+    timing: Timing,
+    /// When this replica last renewed (or acquired) the lease.
+    last_renewal: Option<Instant>,
+}
+
+type StopRequest = oneshot::Sender<Result<(), kube::Error>>;
+
+impl Election {
+    async fn run(mut self, leader: watch::Sender<bool>, mut stop: oneshot::Receiver<StopRequest>) {
+        loop {
+            let leading = self.step().await;
+            leader.send_if_modified(|current| std::mem::replace(current, leading) != leading);
+            let pause = if leading {
+                self.timing
+                    .renew_interval
+                    .min(self.timing.retry_interval * 2)
+            } else {
+                self.timing.retry_interval
+            };
+            tokio::select! {
+                request = &mut stop => {
+                    leader.send_replace(false);
+                    let result = self.release().await;
+                    if let Ok(done) = request {
+                        let _ = done.send(result);
+                    }
+                    return;
+                }
+                () = tokio::time::sleep(pause) => {}
+            }
+        }
+    }
+
+    /// One look at the lease: renew it, take it, or wait. Returns whether this
+    /// replica leads now.
+    async fn step(&mut self) -> bool {
+        let result = match self.api.get_opt(&self.name).await {
+            Ok(None) => self.create().await,
+            Ok(Some(lease)) => self.renew_or_take(lease).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = result {
+            tracing::warn!(lease = %self.name, error = %e, "leader election request failed");
+        }
+        // Leading means having renewed recently enough that the lease cannot
+        // have expired for the others.
+        self.last_renewal
+            .is_some_and(|renewed| renewed.elapsed() < self.timing.renew_deadline)
+    }
+
+    async fn create(&mut self) -> Result<(), kube::Error> {
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(self.name.clone()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(self.held_spec(None)),
+        };
+        let started = Instant::now();
+        self.api.create(&PostParams::default(), &lease).await?;
+        self.last_renewal = Some(started);
+        Ok(())
+    }
+
+    async fn renew_or_take(&mut self, mut lease: Lease) -> Result<(), kube::Error> {
+        let spec = lease.spec.clone().unwrap_or_default();
+        let ours = spec.holder_identity.as_deref() == Some(self.identity.as_str());
+        if !ours {
+            self.last_renewal = None;
+            if spec.holder_identity.is_some() && !expired(&spec) {
+                return Ok(()); // someone else leads
+            }
+        } else if self
+            .last_renewal
+            .is_some_and(|r| r.elapsed() < self.timing.renew_interval)
+        {
+            return Ok(()); // renewed recently
+        }
+        let transitions = spec.lease_transitions.unwrap_or(0) + i32::from(!ours);
+        let acquired = if ours {
+            spec.acquire_time.clone()
+        } else {
+            None
+        };
+        let mut new_spec = self.held_spec(acquired);
+        new_spec.lease_transitions = Some(transitions);
+        lease.spec = Some(new_spec);
+        // The resourceVersion from the read makes this a compare-and-swap:
+        // of two standbys taking a free lease, one gets a conflict.
+        let started = Instant::now();
+        self.api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await?;
+        if !ours {
+            tracing::info!(lease = %self.name, identity = %self.identity, "acquired the lease");
+        }
+        self.last_renewal = Some(started);
+        Ok(())
+    }
+
+    fn held_spec(&self, acquire_time: Option<MicroTime>) -> LeaseSpec {
+        let now = MicroTime(Timestamp::now());
+        LeaseSpec {
+            holder_identity: Some(self.identity.clone()),
+            lease_duration_seconds: Some(
+                i32::try_from(self.timing.lease_duration.as_secs()).unwrap_or(i32::MAX),
+            ),
+            acquire_time: Some(acquire_time.unwrap_or_else(|| now.clone())),
+            renew_time: Some(now),
+            lease_transitions: Some(0),
+            ..LeaseSpec::default()
+        }
+    }
+
+    /// Clears the lease if this replica holds it.
+    async fn release(&mut self) -> Result<(), kube::Error> {
+        self.last_renewal = None;
+        let Some(mut lease) = self.api.get_opt(&self.name).await? else {
+            return Ok(());
+        };
+        let Some(spec) = lease.spec.as_mut() else {
+            return Ok(());
+        };
+        if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
+            return Ok(());
+        }
+        spec.holder_identity = None;
+        spec.lease_duration_seconds = Some(1);
+        spec.renew_time = Some(MicroTime(Timestamp::now()));
+        self.api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await?;
+        tracing::info!(lease = %self.name, identity = %self.identity, "released the lease");
+        Ok(())
+    }
+}
+
+/// Whether a lease's holder failed to renew within its duration.
+fn expired(spec: &LeaseSpec) -> bool {
+    let (Some(renewed), Some(duration)) = (&spec.renew_time, spec.lease_duration_seconds) else {
+        return true;
+    };
+    renewed.0 + SignedDuration::from_secs(i64::from(duration)) < Timestamp::now()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(renewed_seconds_ago: i64, duration: i32) -> LeaseSpec {
+        LeaseSpec {
+            holder_identity: Some("other".into()),
+            renew_time: Some(MicroTime(
+                Timestamp::now() - SignedDuration::from_secs(renewed_seconds_ago),
+            )),
+            lease_duration_seconds: Some(duration),
+            ..LeaseSpec::default()
+        }
+    }
+
+    #[test]
+    fn a_lease_expires_its_duration_after_the_last_renewal() {
+        assert!(!expired(&spec(5, 15)));
+        assert!(expired(&spec(16, 15)));
+        assert!(
+            expired(&LeaseSpec::default()),
+            "a lease never renewed is free"
+        );
+    }
+}
