@@ -5,11 +5,13 @@
 //! agree on (labels, conditions, how errors are retried), the standard
 //! metrics, the admin server (`/livez`, `/readyz`, `/metrics`), the
 //! configuration from flags and environment, telemetry (JSON or text logs,
-//! OTLP traces when an endpoint is set) and leader election on a Lease. The
-//! manager loop, server-side apply helpers and the conversion webhook server
-//! are still to come.
+//! OTLP traces when an endpoint is set), leader election on a Lease, and
+//! server-side apply that writes nothing when nothing changed. The manager
+//! loop, finalizer and event helpers and the conversion webhook server are
+//! still to come.
 
 pub mod admin;
+pub mod apply;
 pub mod conditions;
 pub mod config;
 pub mod errors;

@@ -1,0 +1,102 @@
+//! Server-side apply that sends nothing when nothing would change: at steady
+//! state a controller makes zero write requests.
+
+use std::fmt::Debug;
+
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+/// What [`apply`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The object already had every field of the desired state: no request sent.
+    Unchanged,
+    /// The desired state was applied.
+    Applied,
+}
+
+/// Applies `desired` with field manager `manager` (forcing ownership of its
+/// fields), unless `current` (the object as last seen, e.g. from the
+/// controller's cache) already holds every field `desired` sets.
+pub async fn apply<K>(
+    api: &Api<K>,
+    manager: &str,
+    desired: &K,
+    current: Option<&K>,
+) -> Result<(K, Outcome), kube::Error>
+where
+    K: Resource + Clone + Debug + Serialize + DeserializeOwned,
+{
+    if let Some(current) = current
+        && contains(&to_value(current), &to_value(desired))
+    {
+        return Ok((current.clone(), Outcome::Unchanged));
+    }
+    let applied = api
+        .patch(
+            &desired.name_any(),
+            &PatchParams::apply(manager).force(),
+            &Patch::Apply(desired),
+        )
+        .await?;
+    Ok((applied, Outcome::Applied))
+}
+
+fn to_value(object: &impl Serialize) -> Value {
+    serde_json::to_value(object).unwrap_or(Value::Null)
+}
+
+/// Whether `actual` has every field `desired` sets, with the same value.
+/// Objects may have more keys; lists must match element by element. Status
+/// and server-set metadata are not compared.
+pub fn contains(actual: &Value, desired: &Value) -> bool {
+    match (actual, desired) {
+        (Value::Object(actual), Value::Object(desired)) => desired.iter().all(|(key, value)| {
+            if key == "status" {
+                return true;
+            }
+            match actual.get(key) {
+                Some(found) => contains(found, value),
+                None => value.is_null(),
+            }
+        }),
+        (Value::Array(actual), Value::Array(desired)) => {
+            actual.len() == desired.len() && actual.iter().zip(desired).all(|(a, d)| contains(a, d))
+        }
+        (actual, desired) => actual == desired,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn server_added_fields_do_not_count_as_changes() {
+        let actual = json!({
+            "metadata": {"name": "a", "uid": "1", "resourceVersion": "7", "labels": {"x": "1", "y": "2"}},
+            "data": {"k": "v"}
+        });
+        assert!(contains(
+            &actual,
+            &json!({"metadata": {"name": "a", "labels": {"x": "1"}}, "data": {"k": "v"}})
+        ));
+    }
+
+    #[test]
+    fn a_different_or_missing_value_is_a_change() {
+        let actual = json!({"data": {"k": "v"}, "list": [{"a": 1}, {"a": 2}]});
+        assert!(!contains(&actual, &json!({"data": {"k": "w"}})));
+        assert!(!contains(&actual, &json!({"data": {"other": "v"}})));
+        assert!(
+            !contains(&actual, &json!({"list": [{"a": 1}]})),
+            "a shorter list is a change"
+        );
+        assert!(contains(&actual, &json!({"list": [{"a": 1}, {"a": 2}]})));
+        assert!(contains(&actual, &json!({"status": {"ignored": true}})));
+    }
+}
