@@ -4,12 +4,9 @@
 
 use std::time::Duration;
 
-use cairn_testing::{TestNamespace, cluster, wait};
+use cairn_testing::{cluster, wait};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
-use k8s_openapi::api::core::v1::{
-    ConfigMap, Node, PersistentVolumeClaim, Pod, Secret, ServiceAccount,
-};
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, PostParams};
 use kube::core::GroupVersionKind;
@@ -22,27 +19,6 @@ const TIMEOUT: Duration = Duration::from_secs(60);
 
 fn from_json<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> T {
     serde_json::from_value(value).expect("test manifest must deserialize")
-}
-
-/// A Role allowing `verbs` on core `resource`, bound to ServiceAccount `account`.
-async fn grant(ns: &TestNamespace, account: &str, resource: &str, verbs: &[&str]) -> Result {
-    let name = format!("{account}-{resource}");
-    let role: Role = from_json(json!({
-        "metadata": { "name": name },
-        "rules": [{ "apiGroups": [""], "resources": [resource], "verbs": verbs }]
-    }));
-    let binding: RoleBinding = from_json(json!({
-        "metadata": { "name": name },
-        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name },
-        "subjects": [{ "kind": "ServiceAccount", "name": account, "namespace": ns.name }]
-    }));
-    ns.api::<Role>()
-        .create(&PostParams::default(), &role)
-        .await?;
-    ns.api::<RoleBinding>()
-        .create(&PostParams::default(), &binding)
-        .await?;
-    Ok(())
 }
 
 #[tokio::test]
@@ -188,10 +164,7 @@ async fn statefulset_claims_are_bound_and_pods_ready() -> Result {
 #[tokio::test]
 async fn rbac_denies_a_service_account_until_a_role_allows_it() -> Result {
     let ns = cluster().namespace("smoke-rbac").await?;
-    let account: ServiceAccount = from_json(json!({ "metadata": { "name": "reader" } }));
-    ns.api::<ServiceAccount>()
-        .create(&PostParams::default(), &account)
-        .await?;
+    ns.create_service_account("reader").await?;
     let as_reader = ns.client_as_service_account("reader").await?;
     let secrets = Api::<Secret>::namespaced(as_reader, &ns.name);
 
@@ -200,7 +173,7 @@ async fn rbac_denies_a_service_account_until_a_role_allows_it() -> Result {
         other => panic!("expected 403 Forbidden without a Role, got {other:?}"),
     }
 
-    grant(&ns, "reader", "secrets", &["list"]).await?;
+    ns.grant("reader", "secrets", &["list"]).await?;
     // The authorizer's informer sees the binding a moment after it is written.
     wait::until(
         "the reader to list secrets",
@@ -304,11 +277,9 @@ async fn s3_bucket_is_created_and_deleted_on_moto() -> Result {
 #[tokio::test]
 async fn audit_log_attributes_writes_to_the_service_account_that_made_them() -> Result {
     let ns = cluster().namespace("smoke-audit").await?;
-    let account: ServiceAccount = from_json(json!({ "metadata": { "name": "writer" } }));
-    ns.api::<ServiceAccount>()
-        .create(&PostParams::default(), &account)
+    ns.create_service_account("writer").await?;
+    ns.grant("writer", "configmaps", &["create", "list"])
         .await?;
-    grant(&ns, "writer", "configmaps", &["create", "list"]).await?;
 
     let as_writer = ns.client_as_service_account("writer").await?;
     let config_maps = Api::<ConfigMap>::namespaced(as_writer, &ns.name);

@@ -5,10 +5,8 @@ use std::time::Duration;
 
 use cairn_runtime::apply::{Outcome, apply};
 use cairn_testing::{audit, cluster, wait};
-use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
-use kube::api::PostParams;
 use serde_json::json;
 
 type Result = std::result::Result<(), Box<dyn std::error::Error>>;
@@ -20,22 +18,8 @@ fn from_json<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> T {
 #[tokio::test]
 async fn unchanged_state_is_not_written_again() -> Result {
     let ns = cluster().namespace("apply").await?;
-    ns.api::<ServiceAccount>()
-        .create(
-            &PostParams::default(),
-            &from_json(json!({"metadata": {"name": "controller"}})),
-        )
-        .await?;
-    let role: Role = from_json(json!({"metadata": {"name": "cm"},
-        "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "patch", "create"]}]}));
-    let binding: RoleBinding = from_json(json!({"metadata": {"name": "cm"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "cm"},
-        "subjects": [{"kind": "ServiceAccount", "name": "controller", "namespace": ns.name}]}));
-    ns.api::<Role>()
-        .create(&PostParams::default(), &role)
-        .await?;
-    ns.api::<RoleBinding>()
-        .create(&PostParams::default(), &binding)
+    ns.create_service_account("controller").await?;
+    ns.grant("controller", "configmaps", &["get", "patch", "create"])
         .await?;
     let api =
         Api::<ConfigMap>::namespaced(ns.client_as_service_account("controller").await?, &ns.name);

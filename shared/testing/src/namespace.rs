@@ -3,7 +3,8 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client, Resource};
 use serde_json::json;
@@ -57,6 +58,39 @@ impl TestNamespace {
         Api::namespaced(self.client.clone(), &self.name)
     }
 
+    /// Creates ServiceAccount `name` in this namespace.
+    pub async fn create_service_account(&self, name: &str) -> Result<(), Error> {
+        let account: ServiceAccount =
+            serde_json::from_value(json!({ "metadata": { "name": name } }))
+                .map_err(|e| Error::Setup(e.to_string()))?;
+        self.api::<ServiceAccount>()
+            .create(&PostParams::default(), &account)
+            .await?;
+        Ok(())
+    }
+
+    /// Lets ServiceAccount `account` of this namespace use `verbs` on the core
+    /// `resource` here, through a Role and RoleBinding named `<account>-<resource>`.
+    pub async fn grant(&self, account: &str, resource: &str, verbs: &[&str]) -> Result<(), Error> {
+        let name = format!("{account}-{resource}");
+        let role: Role = manifest(json!({
+            "metadata": { "name": name },
+            "rules": [{ "apiGroups": [""], "resources": [resource], "verbs": verbs }]
+        }))?;
+        let binding: RoleBinding = manifest(json!({
+            "metadata": { "name": name },
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name },
+            "subjects": [{ "kind": "ServiceAccount", "name": account, "namespace": self.name }]
+        }))?;
+        self.api::<Role>()
+            .create(&PostParams::default(), &role)
+            .await?;
+        self.api::<RoleBinding>()
+            .create(&PostParams::default(), &binding)
+            .await?;
+        Ok(())
+    }
+
     /// A client impersonating ServiceAccount `name` of this namespace.
     pub async fn client_as_service_account(&self, name: &str) -> Result<Client, Error> {
         self.cluster
@@ -93,6 +127,10 @@ impl Drop for TestNamespace {
             eprintln!("could not delete namespace {}: {e}", self.name);
         }
     }
+}
+
+fn manifest<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Result<T, Error> {
+    serde_json::from_value(value).map_err(|e| Error::Setup(format!("bad manifest: {e}")))
 }
 
 /// A short suffix unique within this machine for the life of a test run:
