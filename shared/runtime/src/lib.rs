@@ -5,10 +5,11 @@
 //! agree on (labels, conditions, how errors are retried), the standard
 //! metrics, the admin server (`/livez`, `/readyz`, `/metrics`), the
 //! configuration from flags and environment, telemetry (JSON or text logs,
-//! OTLP traces when an endpoint is set), leader election on a Lease, and
-//! server-side apply that writes nothing when nothing changed. The manager
-//! loop, finalizer and event helpers and the conversion webhook server are
-//! still to come.
+//! OTLP traces when an endpoint is set), leader election on a Lease,
+//! server-side apply that writes nothing when nothing changed, and the HTTPS
+//! webhook server (certificates from mounted files, reloaded on change). The
+//! manager loop, finalizer and event helpers and self-managed webhook
+//! certificates are still to come.
 
 pub mod admin;
 pub mod apply;
@@ -19,3 +20,4 @@ pub mod labels;
 pub mod leader;
 pub mod metrics;
 pub mod telemetry;
+pub mod webhook;

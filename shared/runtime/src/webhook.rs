@@ -1,0 +1,103 @@
+//! The HTTPS server for conversion webhooks, served by every replica (leader
+//! or not: the API server calls any of them through the Service).
+//!
+//! Certificates come from files mounted by the chart (`tls.crt`, `tls.key`,
+//! e.g. a cert-manager Secret) and are reloaded when the files change, so a
+//! rotated certificate is served without a restart.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use axum::Router;
+use axum_server::Handle;
+use axum_server::tls_rustls::RustlsConfig;
+
+/// How often the mounted files are checked for a new certificate.
+pub const RELOAD_INTERVAL: Duration = Duration::from_secs(10);
+
+/// The certificate and key files in `dir`, as Kubernetes TLS Secrets name them.
+pub fn cert_files(dir: &Path) -> (PathBuf, PathBuf) {
+    (dir.join("tls.crt"), dir.join("tls.key"))
+}
+
+/// A running webhook server.
+pub struct WebhookServer {
+    /// The address it listens on (useful when asked for port 0).
+    pub address: SocketAddr,
+    handle: Handle<SocketAddr>,
+    reloader: tokio::task::JoinHandle<()>,
+}
+
+impl WebhookServer {
+    /// Stops accepting connections and lets open requests finish (at most 10 s).
+    pub fn shutdown(&self) {
+        self.reloader.abort();
+        self.handle.graceful_shutdown(Some(Duration::from_secs(10)));
+    }
+}
+
+/// Starts serving `router` over TLS on `address` with the certificate in
+/// `cert_dir`, checking the files for a new certificate every `reload_every`.
+pub async fn start(
+    address: SocketAddr,
+    router: Router,
+    cert_dir: &Path,
+    reload_every: Duration,
+) -> std::io::Result<WebhookServer> {
+    let (cert, key) = cert_files(cert_dir);
+    let tls = RustlsConfig::from_pem_file(&cert, &key).await?;
+    let handle = Handle::new();
+    let server = axum_server::bind_rustls(address, tls.clone())
+        .handle(handle.clone())
+        .serve(router.into_make_service());
+    tokio::spawn(async move {
+        if let Err(e) = server.await {
+            tracing::error!(error = %e, "the webhook server stopped");
+        }
+    });
+    let address = handle
+        .listening()
+        .await
+        .ok_or_else(|| std::io::Error::other("the webhook server did not start listening"))?;
+    let reloader = tokio::spawn(reload_on_change(tls, cert, key, reload_every));
+    Ok(WebhookServer {
+        address,
+        handle,
+        reloader,
+    })
+}
+
+/// Reloads the certificate whenever the files' modification time changes
+/// (a mounted Secret updates by swapping a symlink, which changes it too).
+async fn reload_on_change(tls: RustlsConfig, cert: PathBuf, key: PathBuf, every: Duration) {
+    let modified = |path: &Path| std::fs::metadata(path).and_then(|m| m.modified()).ok();
+    let mut last: Option<SystemTime> = modified(&cert).max(modified(&key));
+    loop {
+        tokio::time::sleep(every).await;
+        let now = modified(&cert).max(modified(&key));
+        if now == last {
+            continue;
+        }
+        match tls.reload_from_pem_file(&cert, &key).await {
+            Ok(()) => {
+                tracing::info!(cert = %cert.display(), "reloaded the webhook certificate");
+                last = now;
+            }
+            // A half-written pair: try again at the next tick.
+            Err(e) => tracing::warn!(error = %e, "could not reload the webhook certificate"),
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    #[test]
+    fn files_are_named_like_a_kubernetes_tls_secret() {
+        let (cert, key) = cert_files(Path::new("/certs"));
+        assert_eq!(cert, Path::new("/certs/tls.crt"));
+        assert_eq!(key, Path::new("/certs/tls.key"));
+    }
+}
