@@ -6,16 +6,17 @@
 //! metrics, the admin server (`/livez`, `/readyz`, `/metrics`), the
 //! configuration from flags and environment, telemetry (JSON or text logs,
 //! OTLP traces when an endpoint is set), leader election on a Lease,
-//! server-side apply that writes nothing when nothing changed, and the HTTPS
-//! webhook server (certificates from mounted files, reloaded on change). The
-//! manager loop, finalizer and event helpers and self-managed webhook
-//! certificates are still to come.
+//! server-side apply that writes nothing when nothing changed, Events on
+//! condition transitions, and the HTTPS webhook server (certificates from
+//! mounted files, reloaded on change). The manager loop, finalizer helpers and
+//! self-managed webhook certificates are still to come.
 
 pub mod admin;
 pub mod apply;
 pub mod conditions;
 pub mod config;
 pub mod errors;
+pub mod events;
 pub mod labels;
 pub mod leader;
 pub mod metrics;

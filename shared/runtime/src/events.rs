@@ -1,0 +1,93 @@
+//! Kubernetes Events on transitions: one Event when a condition changes
+//! status or reason, none when a reconcile merely confirms the state (events
+//! are writes too, and an Event per reconcile would flood `kubectl describe`).
+
+use kube::runtime::events::{Event, EventType};
+
+use crate::conditions::Condition;
+
+/// The Event announcing `current`, if it differs from `previous` (the
+/// condition of the same type before this reconcile). A condition turning
+/// False is a Warning when its type is one where True is healthy.
+pub fn on_transition(previous: Option<&Condition>, current: &Condition) -> Option<Event> {
+    if previous.is_some_and(|p| p.status == current.status && p.reason == current.reason) {
+        return None;
+    }
+    let healthy = match current.type_.as_str() {
+        // For these, True is the bad state.
+        "Degraded" | "Stalled" => current.status != "True",
+        _ => current.status != "False",
+    };
+    Some(Event {
+        type_: if healthy {
+            EventType::Normal
+        } else {
+            EventType::Warning
+        },
+        reason: current.reason.clone(),
+        note: (!current.message.is_empty()).then(|| truncate(&current.message, 1024)),
+        action: format!("Set{}", current.type_),
+        secondary: None,
+    })
+}
+
+/// At most `max` bytes of `text`, cut at a character boundary.
+fn truncate(text: &str, max: usize) -> String {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conditions::{Time, new};
+
+    fn at(seconds: i64) -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(seconds).expect("valid second"))
+    }
+
+    #[test]
+    fn only_transitions_make_events() {
+        let ready = new("Ready", true, "Running", "3/3", Some(1), at(1));
+        let event = on_transition(None, &ready).expect("first observation");
+        assert_eq!(event.type_, EventType::Normal);
+        assert_eq!(event.reason, "Running");
+        assert_eq!(event.action, "SetReady");
+
+        let same = new("Ready", true, "Running", "3/3 again", Some(2), at(2));
+        assert!(
+            on_transition(Some(&ready), &same).is_none(),
+            "a new message alone is no transition"
+        );
+
+        let down = new(
+            "Ready",
+            false,
+            "InstanceDown",
+            "pod orders-2 is not ready",
+            Some(2),
+            at(3),
+        );
+        let event = on_transition(Some(&ready), &down).expect("status changed");
+        assert_eq!(event.type_, EventType::Warning);
+        assert_eq!(event.note.as_deref(), Some("pod orders-2 is not ready"));
+    }
+
+    #[test]
+    fn degraded_true_is_the_warning() {
+        let degraded = new("Degraded", true, "ReplicaLagging", "", None, at(1));
+        let event = on_transition(None, &degraded).expect("event");
+        assert_eq!(event.type_, EventType::Warning);
+        assert_eq!(event.note, None);
+    }
+
+    #[test]
+    fn long_messages_are_cut_at_a_character_boundary() {
+        let text = "é".repeat(600); // 1200 bytes
+        let cut = truncate(&text, 1024);
+        assert!(cut.len() <= 1024 && cut.chars().all(|c| c == 'é'));
+    }
+}
