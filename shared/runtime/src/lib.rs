@@ -8,11 +8,13 @@
 //! OTLP traces when an endpoint is set), leader election on a Lease,
 //! server-side apply that writes nothing when nothing changed, Events on
 //! condition transitions, and the HTTPS webhook server (certificates from
-//! mounted files, reloaded on change). The manager loop, finalizer helpers and
-//! self-managed webhook certificates are still to come.
+//! mounted files, reloaded on change, or self-managed: a CA kept in a Secret
+//! and injected into the CRDs). The manager loop and finalizer helpers are
+//! still to come.
 
 pub mod admin;
 pub mod apply;
+pub mod certs;
 pub mod conditions;
 pub mod config;
 pub mod errors;

@@ -47,6 +47,28 @@ pub async fn start(
 ) -> std::io::Result<WebhookServer> {
     let (cert, key) = cert_files(cert_dir);
     let tls = RustlsConfig::from_pem_file(&cert, &key).await?;
+    let reloader = tokio::spawn(reload_on_change(tls.clone(), cert, key, reload_every));
+    bind(address, router, tls, reloader).await
+}
+
+/// Starts serving `router` over TLS with a certificate held in memory (the
+/// self-managed mode, see [`crate::certs`]).
+pub async fn start_with_pem(
+    address: SocketAddr,
+    router: Router,
+    cert: &str,
+    key: &str,
+) -> std::io::Result<WebhookServer> {
+    let tls = RustlsConfig::from_pem(cert.as_bytes().to_vec(), key.as_bytes().to_vec()).await?;
+    bind(address, router, tls, tokio::spawn(async {})).await
+}
+
+async fn bind(
+    address: SocketAddr,
+    router: Router,
+    tls: RustlsConfig,
+    reloader: tokio::task::JoinHandle<()>,
+) -> std::io::Result<WebhookServer> {
     let handle = Handle::new();
     let server = axum_server::bind_rustls(address, tls.clone())
         .handle(handle.clone())
@@ -60,7 +82,6 @@ pub async fn start(
         .listening()
         .await
         .ok_or_else(|| std::io::Error::other("the webhook server did not start listening"))?;
-    let reloader = tokio::spawn(reload_on_change(tls, cert, key, reload_every));
     Ok(WebhookServer {
         address,
         handle,

@@ -1,0 +1,83 @@
+//! Self-managed webhook certificates: the pair lives in a Secret (created once,
+//! shared by every replica), the CA is injected into the CRD's caBundle, and
+//! the API server's conversions go through.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::routing::post;
+use cairn_api::database::conversion;
+use cairn_runtime::certs;
+use cairn_testing::{cluster, wait};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, WebhookClientConfig,
+};
+use kube::api::{ApiResource, DynamicObject, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+
+type Result = std::result::Result<(), Box<dyn std::error::Error>>;
+
+const CRD: &str = "databaseclusters.database.cairn.dev";
+
+#[tokio::test]
+async fn conversions_work_with_certificates_the_controller_made() -> Result {
+    let ns = cluster().namespace("webhook-certs").await?;
+    let pair = certs::ensure(ns.client.clone(), &ns.name, "webhook-cert", &["127.0.0.1"]).await?;
+    // A second replica gets the same pair instead of making its own.
+    let again = certs::ensure(ns.client.clone(), &ns.name, "webhook-cert", &["127.0.0.1"]).await?;
+    assert_eq!(pair, again);
+
+    let router = axum::Router::new().route(
+        "/convert",
+        post(|Json(review)| async move { Json(conversion::review(review)) }),
+    );
+    let server = cairn_runtime::webhook::start_with_pem(
+        ([127, 0, 0, 1], 0).into(),
+        router,
+        &pair.cert,
+        &pair.key,
+    )
+    .await?;
+    let crd = cairn_api::crds::database_cluster_with_conversion(WebhookClientConfig {
+        url: Some(format!("https://{}/convert", server.address)),
+        ca_bundle: None,
+        service: None,
+    });
+    cairn_testing::crds::install(&ns.client, &[crd]).await?;
+    certs::inject_ca_bundle(ns.client.clone(), &[CRD], &pair.ca).await?;
+    let crds = Api::<CustomResourceDefinition>::all(ns.client.clone());
+    let version = crds.get(CRD).await?.resource_version();
+    // Injecting the same CA again writes nothing.
+    certs::inject_ca_bundle(ns.client.clone(), &[CRD], &pair.ca).await?;
+    assert_eq!(crds.get(CRD).await?.resource_version(), version);
+
+    let resource = ApiResource {
+        group: "database.cairn.dev".into(),
+        version: "v1alpha1".into(),
+        api_version: "database.cairn.dev/v1alpha1".into(),
+        kind: "DatabaseCluster".into(),
+        plural: "databaseclusters".into(),
+    };
+    let old = Api::<DynamicObject>::namespaced_with(ns.client.clone(), &ns.name, &resource);
+    let object: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "database.cairn.dev/v1alpha1", "kind": "DatabaseCluster",
+        "metadata": { "name": "self-managed" },
+        "spec": { "size": 2, "version": "17", "storageSize": "1Gi" }
+    }))?;
+    wait::until(
+        "a conversion through the self-managed certificate",
+        Duration::from_secs(30),
+        || async {
+            old.create(&PostParams::default(), &object)
+                .await
+                .map(Some)
+                .map_err(|e| e.to_string())
+        },
+    )
+    .await?;
+    let read_back = old.get("self-managed").await?;
+    assert_eq!(read_back.data["spec"]["size"], 2);
+    server.shutdown();
+    Ok(())
+}
