@@ -4,27 +4,15 @@
 
 use std::time::Duration;
 
-use axum::Json;
-use axum::routing::post;
 use cairn_api::database::conversion;
 use cairn_testing::{cluster, https, wait};
 use k8s_openapi::ByteString;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::WebhookClientConfig;
 use kube::Api;
-use kube::api::{ApiResource, DynamicObject, PostParams};
+use kube::api::{DynamicObject, PostParams};
 use serde_json::{Value, json};
 
 type Result = std::result::Result<(), Box<dyn std::error::Error>>;
-
-fn resource(version: &str) -> ApiResource {
-    ApiResource {
-        group: "database.cairn.dev".into(),
-        version: version.into(),
-        api_version: format!("database.cairn.dev/{version}"),
-        kind: "DatabaseCluster".into(),
-        plural: "databaseclusters".into(),
-    }
-}
 
 fn object(value: Value) -> DynamicObject {
     serde_json::from_value(value).expect("a valid object")
@@ -32,11 +20,7 @@ fn object(value: Value) -> DynamicObject {
 
 #[tokio::test]
 async fn objects_read_the_same_in_both_versions_through_the_webhook() -> Result {
-    let server = https::serve(axum::Router::new().route(
-        "/convert",
-        post(|Json(review)| async move { Json(conversion::review(review)) }),
-    ))
-    .await?;
+    let server = https::serve(cairn_e2e::conversion_router()).await?;
     let ns = cluster().namespace("conversion").await?;
     let crd = cairn_api::crds::database_cluster_with_conversion(WebhookClientConfig {
         url: Some(format!("{}/convert", server.url)),
@@ -44,9 +28,16 @@ async fn objects_read_the_same_in_both_versions_through_the_webhook() -> Result 
         service: None,
     });
     cairn_testing::crds::install(&ns.client, &[crd]).await?;
-    let old =
-        Api::<DynamicObject>::namespaced_with(ns.client.clone(), &ns.name, &resource("v1alpha1"));
-    let new = Api::<DynamicObject>::namespaced_with(ns.client.clone(), &ns.name, &resource("v1"));
+    let old = Api::<DynamicObject>::namespaced_with(
+        ns.client.clone(),
+        &ns.name,
+        &cairn_e2e::database_cluster("v1alpha1"),
+    );
+    let new = Api::<DynamicObject>::namespaced_with(
+        ns.client.clone(),
+        &ns.name,
+        &cairn_e2e::database_cluster("v1"),
+    );
 
     // Created as v1alpha1, read as v1. The API server may route the first
     // requests to the old CRD definition for a moment: retry the create.

@@ -5,14 +5,11 @@
 use std::path::Path;
 use std::time::Duration;
 
-use axum::Json;
-use axum::routing::post;
-use cairn_api::database::conversion;
 use cairn_testing::{cluster, wait};
 use k8s_openapi::ByteString;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::WebhookClientConfig;
 use kube::Api;
-use kube::api::{ApiResource, DynamicObject, PostParams};
+use kube::api::{DynamicObject, PostParams};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair, SanType};
 use serde_json::json;
 
@@ -51,26 +48,13 @@ fn issue() -> std::result::Result<Issued, Box<dyn std::error::Error>> {
     })
 }
 
-fn resource(version: &str) -> ApiResource {
-    ApiResource {
-        group: "database.cairn.dev".into(),
-        version: version.into(),
-        api_version: format!("database.cairn.dev/{version}"),
-        kind: "DatabaseCluster".into(),
-        plural: "databaseclusters".into(),
-    }
-}
-
 #[tokio::test]
 async fn a_rotated_certificate_is_served_without_a_restart() -> Result {
     let certs = std::env::temp_dir().join(format!("cairn-webhook-{}", std::process::id()));
     std::fs::create_dir_all(&certs)?;
     let first = issue()?;
     first.write(&certs)?;
-    let router = axum::Router::new().route(
-        "/convert",
-        post(|Json(review)| async move { Json(conversion::review(review)) }),
-    );
+    let router = cairn_e2e::conversion_router();
     let server = cairn_runtime::webhook::start(
         ([127, 0, 0, 1], 0).into(),
         router,
@@ -94,8 +78,11 @@ async fn a_rotated_certificate_is_served_without_a_restart() -> Result {
     install(first.ca.clone()).await?;
 
     let ns = cluster().namespace("webhook").await?;
-    let old =
-        Api::<DynamicObject>::namespaced_with(ns.client.clone(), &ns.name, &resource("v1alpha1"));
+    let old = Api::<DynamicObject>::namespaced_with(
+        ns.client.clone(),
+        &ns.name,
+        &cairn_e2e::database_cluster("v1alpha1"),
+    );
     let object: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "database.cairn.dev/v1alpha1", "kind": "DatabaseCluster",
         "metadata": { "name": "rotated" },

@@ -4,15 +4,12 @@
 
 use std::time::Duration;
 
-use axum::Json;
-use axum::routing::post;
-use cairn_api::database::conversion;
 use cairn_runtime::certs;
 use cairn_testing::{cluster, wait};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceDefinition, WebhookClientConfig,
 };
-use kube::api::{ApiResource, DynamicObject, PostParams};
+use kube::api::{DynamicObject, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
@@ -28,10 +25,7 @@ async fn conversions_work_with_certificates_the_controller_made() -> Result {
     let again = certs::ensure(ns.client.clone(), &ns.name, "webhook-cert", &["127.0.0.1"]).await?;
     assert_eq!(pair, again);
 
-    let router = axum::Router::new().route(
-        "/convert",
-        post(|Json(review)| async move { Json(conversion::review(review)) }),
-    );
+    let router = cairn_e2e::conversion_router();
     let server = cairn_runtime::webhook::start_with_pem(
         ([127, 0, 0, 1], 0).into(),
         router,
@@ -52,14 +46,11 @@ async fn conversions_work_with_certificates_the_controller_made() -> Result {
     certs::inject_ca_bundle(ns.client.clone(), &[CRD], &pair.ca).await?;
     assert_eq!(crds.get(CRD).await?.resource_version(), version);
 
-    let resource = ApiResource {
-        group: "database.cairn.dev".into(),
-        version: "v1alpha1".into(),
-        api_version: "database.cairn.dev/v1alpha1".into(),
-        kind: "DatabaseCluster".into(),
-        plural: "databaseclusters".into(),
-    };
-    let old = Api::<DynamicObject>::namespaced_with(ns.client.clone(), &ns.name, &resource);
+    let old = Api::<DynamicObject>::namespaced_with(
+        ns.client.clone(),
+        &ns.name,
+        &cairn_e2e::database_cluster("v1alpha1"),
+    );
     let object: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "database.cairn.dev/v1alpha1", "kind": "DatabaseCluster",
         "metadata": { "name": "self-managed" },
