@@ -2,10 +2,8 @@
 //! webhook: the CRD points at an HTTPS server that mounts the api crate's
 //! `ConversionReview` handler.
 
-use std::time::Duration;
-
 use cairn_api::database::conversion;
-use cairn_testing::{cluster, https, wait};
+use cairn_testing::{cluster, https};
 use k8s_openapi::ByteString;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::WebhookClientConfig;
 use kube::Api;
@@ -41,20 +39,13 @@ async fn objects_read_the_same_in_both_versions_through_the_webhook() -> Result 
 
     // Created as v1alpha1, read as v1. The API server may route the first
     // requests to the old CRD definition for a moment: retry the create.
-    let legacy = object(json!({
-        "apiVersion": "database.cairn.dev/v1alpha1", "kind": "DatabaseCluster",
-        "metadata": { "name": "legacy" },
-        "spec": { "size": 3, "version": "16", "storageSize": "5Gi" }
-    }));
-    wait::until(
+    cairn_e2e::create_v1alpha1_cluster(
+        &old,
         "a v1alpha1 create to be converted",
-        Duration::from_secs(30),
-        || async {
-            old.create(&PostParams::default(), &legacy)
-                .await
-                .map(Some)
-                .map_err(|e| e.to_string())
-        },
+        "legacy",
+        3,
+        "16",
+        "5Gi",
     )
     .await?;
     let as_v1 = new.get("legacy").await?;

@@ -9,9 +9,8 @@ use cairn_testing::{cluster, wait};
 use k8s_openapi::ByteString;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::WebhookClientConfig;
 use kube::Api;
-use kube::api::{DynamicObject, PostParams};
+use kube::api::DynamicObject;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair, SanType};
-use serde_json::json;
 
 type Result = std::result::Result<(), Box<dyn std::error::Error>>;
 
@@ -83,20 +82,13 @@ async fn a_rotated_certificate_is_served_without_a_restart() -> Result {
         &ns.name,
         &cairn_e2e::database_cluster("v1alpha1"),
     );
-    let object: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "database.cairn.dev/v1alpha1", "kind": "DatabaseCluster",
-        "metadata": { "name": "rotated" },
-        "spec": { "size": 1, "version": "17", "storageSize": "1Gi" }
-    }))?;
-    wait::until(
+    cairn_e2e::create_v1alpha1_cluster(
+        &old,
         "a conversion with the first certificate",
-        Duration::from_secs(30),
-        || async {
-            old.create(&PostParams::default(), &object)
-                .await
-                .map(Some)
-                .map_err(|e| e.to_string())
-        },
+        "rotated",
+        1,
+        "17",
+        "1Gi",
     )
     .await?;
 

@@ -2,16 +2,13 @@
 //! shared by every replica), the CA is injected into the CRD's caBundle, and
 //! the API server's conversions go through.
 
-use std::time::Duration;
-
 use cairn_runtime::certs;
-use cairn_testing::{cluster, wait};
+use cairn_testing::cluster;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceDefinition, WebhookClientConfig,
 };
-use kube::api::{DynamicObject, PostParams};
+use kube::api::DynamicObject;
 use kube::{Api, ResourceExt};
-use serde_json::json;
 
 type Result = std::result::Result<(), Box<dyn std::error::Error>>;
 
@@ -51,20 +48,13 @@ async fn conversions_work_with_certificates_the_controller_made() -> Result {
         &ns.name,
         &cairn_e2e::database_cluster("v1alpha1"),
     );
-    let object: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "database.cairn.dev/v1alpha1", "kind": "DatabaseCluster",
-        "metadata": { "name": "self-managed" },
-        "spec": { "size": 2, "version": "17", "storageSize": "1Gi" }
-    }))?;
-    wait::until(
+    cairn_e2e::create_v1alpha1_cluster(
+        &old,
         "a conversion through the self-managed certificate",
-        Duration::from_secs(30),
-        || async {
-            old.create(&PostParams::default(), &object)
-                .await
-                .map(Some)
-                .map_err(|e| e.to_string())
-        },
+        "self-managed",
+        2,
+        "17",
+        "1Gi",
     )
     .await?;
     let read_back = old.get("self-managed").await?;
