@@ -1,8 +1,17 @@
 //! cairn-database-controller: runs PostgreSQL clusters described by
 //! `DatabaseCluster` objects (group `database.cairn.dev`).
 //!
-//! The reconcile pipeline (validate → build → apply → status) lands here with
-//! the database controller issue; the binary is a placeholder until then.
+//! Each reconcile is validate → build → apply → status: [`build`] computes
+//! the children without I/O, [`reconcile`] applies what differs from the
+//! caches and writes the status [`status`] derives.
+
+pub mod build;
+pub mod error;
+pub mod reconcile;
+pub mod status;
 
 /// The API group this controller reconciles.
 pub const GROUP: &str = cairn_api::DATABASE_GROUP;
+
+/// The field manager of every write, and the Events' reporting controller.
+pub const MANAGER: &str = "cairn-database-controller";

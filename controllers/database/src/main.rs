@@ -1,12 +1,82 @@
 //! Entry point of cairn-database-controller.
 
 use std::process::ExitCode;
+use std::sync::Arc;
 
-fn main() -> ExitCode {
-    eprintln!(
-        "cairn-database-controller {}: reconciles {} (not implemented yet; see the project issues)",
-        env!("CARGO_PKG_VERSION"),
-        cairn_database_controller::GROUP
-    );
-    ExitCode::FAILURE
+use cairn_api::database::v1::DatabaseCluster;
+use cairn_database_controller::reconcile::{self, Caches, Context};
+use cairn_database_controller::{MANAGER, build};
+use cairn_runtime::config::Config;
+use cairn_runtime::manager::{BuildInfo, Manager};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::ResourceExt;
+use kube::runtime::controller::Controller;
+use kube::runtime::events::Recorder;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+
+const INFO: BuildInfo = BuildInfo {
+    controller: "database",
+    version: env!("CARGO_PKG_VERSION"),
+    git_commit: match option_env!("CAIRN_GIT_COMMIT") {
+        Some(commit) => commit,
+        None => "unknown",
+    },
+};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let mut manager = match Manager::start(INFO, Config::load()).await {
+        Ok(manager) => manager,
+        Err(e) => {
+            eprintln!("cairn-database-controller: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // Only what this controller made: never every Secret of the cluster.
+    let children = watcher::Config::default().labels(&format!(
+        "app.kubernetes.io/managed-by={},app.kubernetes.io/name={}",
+        cairn_runtime::labels::MANAGED_BY,
+        build::APP_NAME
+    ));
+    let clusters = manager.cache(manager.api::<DatabaseCluster>(), watcher::Config::default());
+    let stateful_sets = manager.cache(manager.api::<StatefulSet>(), children.clone());
+    let services = manager.cache(manager.api::<Service>(), children.clone());
+    let config_maps = manager.cache(manager.api::<ConfigMap>(), children.clone());
+    let secrets = manager.cache(manager.api::<Secret>(), children.clone());
+    let service_accounts = manager.cache(manager.api::<ServiceAccount>(), children.clone());
+    let disruption_budgets = manager.cache(manager.api::<PodDisruptionBudget>(), children.clone());
+    let pods = manager.cache(manager.api::<Pod>(), children);
+
+    let context = Arc::new(Context {
+        client: manager.client.clone(),
+        recorder: Recorder::new(manager.client.clone(), MANAGER.into()),
+        caches: Caches {
+            stateful_sets: stateful_sets.store(),
+            services: services.store(),
+            config_maps: config_maps.store(),
+            secrets: secrets.store(),
+            service_accounts: service_accounts.store(),
+            disruption_budgets: disruption_budgets.store(),
+            pods: pods.store(),
+        },
+    });
+    let cluster_store = clusters.store();
+    let controller =
+        Controller::for_shared_stream(clusters.trigger_on_spec_change(), cluster_store)
+            .owns_shared_stream(stateful_sets.trigger())
+            .owns_shared_stream(services.trigger())
+            .owns_shared_stream(config_maps.trigger())
+            .owns_shared_stream(secrets.trigger())
+            .owns_shared_stream(service_accounts.trigger())
+            .owns_shared_stream(disruption_budgets.trigger())
+            // Pods belong to the StatefulSet; their cluster is in their labels.
+            .watches_shared_stream(pods.trigger(), |pod| {
+                let namespace = pod.namespace()?;
+                let cluster = pod.labels().get("app.kubernetes.io/instance")?;
+                Some(ObjectRef::<DatabaseCluster>::new(cluster).within(&namespace))
+            });
+    manager.run(controller, reconcile::reconcile, context).await
 }

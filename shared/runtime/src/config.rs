@@ -34,9 +34,10 @@ pub struct Config {
     /// Address of the admin server (/livez, /readyz, /metrics).
     #[arg(long, env = "CAIRN_ADMIN_ADDRESS", default_value = "0.0.0.0:8080")]
     pub admin_address: SocketAddr,
-    /// Address of the HTTPS conversion-webhook server.
-    #[arg(long, env = "CAIRN_WEBHOOK_ADDRESS", default_value = "0.0.0.0:9443")]
-    pub webhook_address: SocketAddr,
+    /// Address of the HTTPS conversion-webhook server (the chart sets
+    /// 0.0.0.0:9443); no webhook server if unset.
+    #[arg(long, env = "CAIRN_WEBHOOK_ADDRESS")]
+    pub webhook_address: Option<SocketAddr>,
     /// Folder with tls.crt and tls.key for the webhook server (mounted by the
     /// chart); if unset the controller manages its own CA in a Secret.
     #[arg(long, env = "CAIRN_WEBHOOK_CERT_DIR")]
@@ -62,12 +63,22 @@ pub struct Config {
     /// Seconds watches may keep failing before /livez fails.
     #[arg(long, env = "CAIRN_WATCH_FAILURE_LIMIT_SECONDS", default_value_t = 60)]
     pub watch_failure_limit_seconds: u64,
+    /// Seconds in-flight reconciles may take to finish after SIGTERM before
+    /// the lease is released anyway (keep below the pod's grace period).
+    #[arg(long, env = "CAIRN_SHUTDOWN_GRACE_SECONDS", default_value_t = 20)]
+    pub shutdown_grace_seconds: u64,
     /// OTLP endpoint for traces; tracing export is off if unset.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
 }
 
 impl Config {
+    /// The configuration from the command line and the environment; exits
+    /// with a usage message naming the bad flag if one is invalid.
+    pub fn load() -> Self {
+        Self::parse()
+    }
+
     /// The retry policy for transient errors.
     pub fn backoff(&self) -> Backoff {
         Backoff {

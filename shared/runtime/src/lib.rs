@@ -21,6 +21,7 @@ pub mod errors;
 pub mod events;
 pub mod labels;
 pub mod leader;
+pub mod manager;
 pub mod metrics;
 pub mod telemetry;
 pub mod webhook;

@@ -1,0 +1,674 @@
+//! The desired children of a `DatabaseCluster`, built without I/O (unit-tested
+//! here; applied by `reconcile`).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use cairn_api::database::v1::{DatabaseCluster, REPLICATION_USER};
+use cairn_runtime::labels;
+use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, DownwardAPIVolumeFile,
+    DownwardAPIVolumeSource, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector,
+    PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSecurityContext, PodSpec, PodTemplateSpec,
+    Probe, SeccompProfile, Secret, SecretVolumeSource, SecurityContext, Service, ServiceAccount,
+    ServicePort, ServiceSpec, TopologySpreadConstraint, Volume, VolumeMount,
+    VolumeResourceRequirements,
+};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::{Resource, ResourceExt};
+
+/// `app.kubernetes.io/name` of every child.
+pub const APP_NAME: &str = "postgresql";
+/// The label the controller sets on each instance pod: `primary` or `replica`.
+/// The `-rw` and `-ro` Services select on it; cairn-instance reads it through
+/// the Downward API to learn its role.
+pub const ROLE_LABEL: &str = "database.cairn.dev/role";
+pub const ROLE_PRIMARY: &str = "primary";
+pub const ROLE_REPLICA: &str = "replica";
+/// Pod-template annotation: a digest of the settings that need a restart, so
+/// changing one rolls the pods and changing any other does not.
+pub const RESTART_DIGEST_ANNOTATION: &str = "database.cairn.dev/restart-config-digest";
+/// Default image repository; the tag is `spec.postgres.version`.
+pub const DEFAULT_IMAGE_REPOSITORY: &str = "ghcr.io/cairn-dev/postgres";
+
+pub const POSTGRES_PORT: i32 = 5432;
+pub const INSTANCE_HTTP_PORT: i32 = 8000;
+pub const INSTANCE_METRICS_PORT: i32 = 9187;
+/// UID and GID of the postgres user in the official images.
+const POSTGRES_UID: i64 = 999;
+
+/// Settings PostgreSQL reads only at server start ("postmaster" context):
+/// changing one rolls the pods; every other setting is reloaded in place.
+pub const RESTART_PARAMETERS: &[&str] = &[
+    "autovacuum_max_workers",
+    "huge_pages",
+    "max_connections",
+    "max_files_per_process",
+    "max_locks_per_transaction",
+    "max_logical_replication_workers",
+    "max_pred_locks_per_transaction",
+    "max_prepared_transactions",
+    "max_wal_size_startup",
+    "max_worker_processes",
+    "shared_buffers",
+    "shared_preload_libraries",
+    "superuser_reserved_connections",
+    "track_commit_timestamp",
+    "wal_buffers",
+];
+
+/// Settings Cairn manages (the schema rejects them in `spec.postgres.parameters`).
+fn managed_parameters() -> BTreeMap<&'static str, String> {
+    BTreeMap::from([
+        ("listen_addresses", "'*'".to_owned()),
+        ("port", POSTGRES_PORT.to_string()),
+        ("hot_standby", "on".to_owned()),
+        ("wal_level", "replica".to_owned()),
+        ("wal_log_hints", "on".to_owned()),
+        ("max_wal_senders", "10".to_owned()),
+        ("max_replication_slots", "10".to_owned()),
+        ("hba_file", "'/etc/cairn/config/pg_hba.conf'".to_owned()),
+    ])
+}
+
+/// The names of a cluster's children.
+pub struct Names {
+    pub cluster: String,
+    pub config: String,
+    pub credentials: String,
+    pub read_write: String,
+    pub read_only: String,
+}
+
+impl Names {
+    pub fn of(cluster: &DatabaseCluster) -> Self {
+        let name = cluster.name_any();
+        Self {
+            config: format!("{name}-config"),
+            credentials: format!("{name}-credentials"),
+            read_write: format!("{name}-rw"),
+            read_only: format!("{name}-ro"),
+            cluster: name,
+        }
+    }
+}
+
+/// Labels selecting every instance pod of the cluster.
+pub fn selector_labels(cluster: &DatabaseCluster) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".to_owned(), APP_NAME.to_owned()),
+        ("app.kubernetes.io/instance".to_owned(), cluster.name_any()),
+    ])
+}
+
+/// The same as a label selector string (for `status.selector`).
+pub fn selector_string(cluster: &DatabaseCluster) -> String {
+    selector_labels(cluster)
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn metadata(cluster: &DatabaseCluster, name: &str, component: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_owned()),
+        namespace: cluster.namespace(),
+        labels: Some(labels::standard(APP_NAME, &cluster.name_any(), component)),
+        owner_references: Some(vec![owner_reference(cluster)]),
+        ..ObjectMeta::default()
+    }
+}
+
+fn owner_reference(cluster: &DatabaseCluster) -> OwnerReference {
+    OwnerReference {
+        api_version: DatabaseCluster::api_version(&()).into_owned(),
+        kind: DatabaseCluster::kind(&()).into_owned(),
+        name: cluster.name_any(),
+        uid: cluster.uid().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}
+
+/// postgresql.conf and pg_hba.conf.
+pub fn config_map(cluster: &DatabaseCluster) -> ConfigMap {
+    let names = Names::of(cluster);
+    ConfigMap {
+        metadata: metadata(cluster, &names.config, "config"),
+        data: Some(BTreeMap::from([
+            ("postgresql.conf".to_owned(), postgresql_conf(cluster)),
+            ("pg_hba.conf".to_owned(), pg_hba_conf()),
+        ])),
+        ..ConfigMap::default()
+    }
+}
+
+fn postgresql_conf(cluster: &DatabaseCluster) -> String {
+    let mut conf = String::from(
+        "# Written by cairn-database-controller; edit spec.postgres.parameters instead.\n",
+    );
+    for (name, value) in managed_parameters() {
+        let _ = writeln!(conf, "{name} = {value}");
+    }
+    for (name, value) in &cluster.spec.postgres.parameters {
+        let _ = writeln!(conf, "{name} = '{}'", value.replace('\'', "''"));
+    }
+    conf
+}
+
+fn pg_hba_conf() -> String {
+    format!(
+        "# Written by cairn-database-controller.\n\
+         local all all peer\n\
+         host replication {REPLICATION_USER} all scram-sha-256\n\
+         host all all all scram-sha-256\n"
+    )
+}
+
+/// A digest of the user's settings that need a restart: equal digests, no roll.
+pub fn restart_digest(cluster: &DatabaseCluster) -> String {
+    use std::hash::{Hash, Hasher};
+    // FNV-1a: stable across builds and platforms, unlike DefaultHasher.
+    struct Fnv(u64);
+    impl Hasher for Fnv {
+        fn finish(&self) -> u64 {
+            self.0
+        }
+        fn write(&mut self, bytes: &[u8]) {
+            for byte in bytes {
+                self.0 = (self.0 ^ u64::from(*byte)).wrapping_mul(0x100_0000_01b3);
+            }
+        }
+    }
+    let mut hasher = Fnv(0xcbf2_9ce4_8422_2325);
+    for (name, value) in &cluster.spec.postgres.parameters {
+        if RESTART_PARAMETERS.contains(&name.to_ascii_lowercase().as_str()) {
+            name.to_ascii_lowercase().hash(&mut hasher);
+            value.hash(&mut hasher);
+        }
+    }
+    format!("{:016x}", hasher.finish())
+}
+
+/// The Secret with generated passwords. Created once: the passwords are never
+/// regenerated, and the Secret is never applied over.
+pub fn credentials(cluster: &DatabaseCluster, generate: &mut impl FnMut() -> String) -> Secret {
+    let names = Names::of(cluster);
+    let (database, owner) = match cluster
+        .spec
+        .bootstrap
+        .as_ref()
+        .and_then(|b| b.initdb.as_ref())
+    {
+        Some(initdb) => (initdb.database.clone(), initdb.owner.clone()),
+        None => ("app".to_owned(), "app".to_owned()),
+    };
+    Secret {
+        metadata: metadata(cluster, &names.credentials, "credentials"),
+        type_: Some("Opaque".to_owned()),
+        string_data: Some(BTreeMap::from([
+            ("database".to_owned(), database),
+            ("username".to_owned(), owner),
+            ("password".to_owned(), generate()),
+            ("superuser-password".to_owned(), generate()),
+            (
+                "replication-username".to_owned(),
+                REPLICATION_USER.to_owned(),
+            ),
+            ("replication-password".to_owned(), generate()),
+        ])),
+        ..Secret::default()
+    }
+}
+
+/// A random password: 32 characters from a 62-letter alphabet (190 bits).
+pub fn random_password() -> String {
+    use rand::Rng;
+    use rand::distr::Alphanumeric;
+    rand::rng()
+        .sample_iter(Alphanumeric)
+        .take(32)
+        .map(char::from)
+        .collect()
+}
+
+/// `-rw` (the primary), `-ro` (the replicas) and the headless Service that
+/// gives each pod a stable DNS name.
+pub fn services(cluster: &DatabaseCluster) -> [Service; 3] {
+    let names = Names::of(cluster);
+    let with_role = |role: &str| {
+        let mut selector = selector_labels(cluster);
+        selector.insert(ROLE_LABEL.to_owned(), role.to_owned());
+        selector
+    };
+    let port = ServicePort {
+        name: Some("postgres".to_owned()),
+        port: POSTGRES_PORT,
+        target_port: Some(IntOrString::String("postgres".to_owned())),
+        ..ServicePort::default()
+    };
+    let service = |name: &str, selector, headless: bool| Service {
+        metadata: metadata(cluster, name, "database"),
+        spec: Some(ServiceSpec {
+            selector: Some(selector),
+            ports: Some(vec![port.clone()]),
+            cluster_ip: headless.then(|| "None".to_owned()),
+            publish_not_ready_addresses: headless.then_some(true),
+            ..ServiceSpec::default()
+        }),
+        ..Service::default()
+    };
+    [
+        service(&names.read_write, with_role(ROLE_PRIMARY), false),
+        service(&names.read_only, with_role(ROLE_REPLICA), false),
+        service(&names.cluster, selector_labels(cluster), true),
+    ]
+}
+
+/// The instances' ServiceAccount: cairn-instance needs no API access.
+pub fn service_account(cluster: &DatabaseCluster) -> ServiceAccount {
+    ServiceAccount {
+        metadata: metadata(cluster, &cluster.name_any(), "database"),
+        automount_service_account_token: Some(false),
+        ..ServiceAccount::default()
+    }
+}
+
+/// At most one instance down at a time through voluntary disruptions; a
+/// single-instance cluster can still be drained.
+pub fn disruption_budget(cluster: &DatabaseCluster) -> PodDisruptionBudget {
+    PodDisruptionBudget {
+        metadata: metadata(cluster, &cluster.name_any(), "database"),
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: Some(IntOrString::Int(1)),
+            selector: Some(LabelSelector {
+                match_labels: Some(selector_labels(cluster)),
+                ..LabelSelector::default()
+            }),
+            ..PodDisruptionBudgetSpec::default()
+        }),
+        ..PodDisruptionBudget::default()
+    }
+}
+
+/// The instances. Replicas, storage size and parameters change here; the
+/// claim template is immutable after creation (storage growth patches the
+/// claims themselves).
+pub fn stateful_set(cluster: &DatabaseCluster) -> StatefulSet {
+    let names = Names::of(cluster);
+    let spec = &cluster.spec;
+    let mut pod_labels = labels::standard(APP_NAME, &names.cluster, "database");
+    pod_labels.extend(selector_labels(cluster));
+    let scheduling = spec.scheduling.clone().unwrap_or_default();
+    let pod = PodSpec {
+        service_account_name: Some(names.cluster.clone()),
+        automount_service_account_token: Some(false),
+        enable_service_links: Some(false),
+        termination_grace_period_seconds: Some(60),
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(POSTGRES_UID),
+            run_as_group: Some(POSTGRES_UID),
+            fs_group: Some(POSTGRES_UID),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".to_owned(),
+                ..SeccompProfile::default()
+            }),
+            ..PodSecurityContext::default()
+        }),
+        containers: vec![instance_container(cluster)],
+        volumes: Some(volumes(&names)),
+        node_selector: (!scheduling.node_selector.is_empty()).then_some(scheduling.node_selector),
+        affinity: scheduling.affinity,
+        tolerations: (!scheduling.tolerations.is_empty()).then_some(scheduling.tolerations),
+        priority_class_name: scheduling.priority_class_name,
+        // Spread the instances over zones where the nodes allow it.
+        topology_spread_constraints: Some(vec![TopologySpreadConstraint {
+            max_skew: 1,
+            topology_key: "topology.kubernetes.io/zone".to_owned(),
+            when_unsatisfiable: "ScheduleAnyway".to_owned(),
+            label_selector: Some(LabelSelector {
+                match_labels: Some(selector_labels(cluster)),
+                ..LabelSelector::default()
+            }),
+            ..TopologySpreadConstraint::default()
+        }]),
+        ..PodSpec::default()
+    };
+    StatefulSet {
+        metadata: metadata(cluster, &names.cluster, "database"),
+        spec: Some(StatefulSetSpec {
+            replicas: Some(spec.instances),
+            service_name: Some(names.cluster.clone()),
+            selector: LabelSelector {
+                match_labels: Some(selector_labels(cluster)),
+                ..LabelSelector::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(pod_labels),
+                    annotations: Some(BTreeMap::from([(
+                        RESTART_DIGEST_ANNOTATION.to_owned(),
+                        restart_digest(cluster),
+                    )])),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(pod),
+            },
+            volume_claim_templates: Some(vec![data_claim(cluster)]),
+            ..StatefulSetSpec::default()
+        }),
+        ..StatefulSet::default()
+    }
+}
+
+fn data_claim(cluster: &DatabaseCluster) -> PersistentVolumeClaim {
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some("data".to_owned()),
+            labels: Some(selector_labels(cluster)),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".to_owned()]),
+            storage_class_name: cluster.spec.storage.storage_class_name.clone(),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([(
+                    "storage".to_owned(),
+                    Quantity(cluster.spec.storage.size.clone()),
+                )])),
+                ..VolumeResourceRequirements::default()
+            }),
+            ..PersistentVolumeClaimSpec::default()
+        }),
+        ..PersistentVolumeClaim::default()
+    }
+}
+
+fn instance_container(cluster: &DatabaseCluster) -> Container {
+    let postgres = &cluster.spec.postgres;
+    let image = postgres
+        .image
+        .clone()
+        .unwrap_or_else(|| format!("{DEFAULT_IMAGE_REPOSITORY}:{}", postgres.version));
+    let field = |path: &str| EnvVarSource {
+        field_ref: Some(ObjectFieldSelector {
+            field_path: path.to_owned(),
+            ..ObjectFieldSelector::default()
+        }),
+        ..EnvVarSource::default()
+    };
+    let probe = |path: &str| Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.to_owned()),
+            port: IntOrString::String("instance".to_owned()),
+            ..HTTPGetAction::default()
+        }),
+        period_seconds: Some(5),
+        failure_threshold: Some(3),
+        ..Probe::default()
+    };
+    let port = |name: &str, port: i32| ContainerPort {
+        name: Some(name.to_owned()),
+        container_port: port,
+        ..ContainerPort::default()
+    };
+    let mount = |name: &str, path: &str, read_only: bool| VolumeMount {
+        name: name.to_owned(),
+        mount_path: path.to_owned(),
+        read_only: Some(read_only),
+        ..VolumeMount::default()
+    };
+    Container {
+        name: "postgres".to_owned(),
+        image: Some(image),
+        command: Some(vec!["cairn-instance".to_owned()]),
+        env: Some(vec![
+            EnvVar {
+                name: "POD_NAME".to_owned(),
+                value_from: Some(field("metadata.name")),
+                ..EnvVar::default()
+            },
+            EnvVar {
+                name: "POD_NAMESPACE".to_owned(),
+                value_from: Some(field("metadata.namespace")),
+                ..EnvVar::default()
+            },
+            EnvVar {
+                name: "CAIRN_CLUSTER".to_owned(),
+                value: Some(cluster.name_any()),
+                ..EnvVar::default()
+            },
+            EnvVar {
+                name: "PGDATA".to_owned(),
+                value: Some("/var/lib/postgresql/data/pgdata".to_owned()),
+                ..EnvVar::default()
+            },
+        ]),
+        ports: Some(vec![
+            port("postgres", POSTGRES_PORT),
+            port("instance", INSTANCE_HTTP_PORT),
+            port("metrics", INSTANCE_METRICS_PORT),
+        ]),
+        readiness_probe: Some(probe("/readyz")),
+        liveness_probe: Some(probe("/livez")),
+        resources: cluster.spec.resources.clone(),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            capabilities: Some(k8s_openapi::api::core::v1::Capabilities {
+                drop: Some(vec!["ALL".to_owned()]),
+                ..Default::default()
+            }),
+            ..SecurityContext::default()
+        }),
+        volume_mounts: Some(vec![
+            mount("data", "/var/lib/postgresql/data", false),
+            mount("config", "/etc/cairn/config", true),
+            mount("credentials", "/etc/cairn/credentials", true),
+            mount("podinfo", "/etc/cairn/podinfo", true),
+            mount("run", "/var/run/postgresql", false),
+            mount("tmp", "/tmp", false),
+        ]),
+        ..Container::default()
+    }
+}
+
+fn volumes(names: &Names) -> Vec<Volume> {
+    let empty = |name: &str| Volume {
+        name: name.to_owned(),
+        empty_dir: Some(Default::default()),
+        ..Volume::default()
+    };
+    vec![
+        Volume {
+            name: "config".to_owned(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: names.config.clone(),
+                ..ConfigMapVolumeSource::default()
+            }),
+            ..Volume::default()
+        },
+        Volume {
+            name: "credentials".to_owned(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(names.credentials.clone()),
+                default_mode: Some(0o400),
+                ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        },
+        // The role label, kept current by the kubelet: cairn-instance's role.
+        Volume {
+            name: "podinfo".to_owned(),
+            downward_api: Some(DownwardAPIVolumeSource {
+                items: Some(vec![DownwardAPIVolumeFile {
+                    path: "role".to_owned(),
+                    field_ref: Some(ObjectFieldSelector {
+                        field_path: format!("metadata.labels['{ROLE_LABEL}']"),
+                        ..ObjectFieldSelector::default()
+                    }),
+                    ..DownwardAPIVolumeFile::default()
+                }]),
+                ..DownwardAPIVolumeSource::default()
+            }),
+            ..Volume::default()
+        },
+        empty("run"),
+        empty("tmp"),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_api::database::v1::{DatabaseClusterSpec, PostgresSpec, StorageSpec};
+
+    pub fn cluster(parameters: &[(&str, &str)]) -> DatabaseCluster {
+        let mut cluster = DatabaseCluster::new(
+            "orders",
+            DatabaseClusterSpec {
+                instances: 3,
+                postgres: PostgresSpec {
+                    version: "17".into(),
+                    image: None,
+                    parameters: parameters
+                        .iter()
+                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                        .collect(),
+                },
+                storage: StorageSpec {
+                    size: "1Gi".into(),
+                    storage_class_name: None,
+                },
+                resources: None,
+                scheduling: None,
+                bootstrap: None,
+                paused: false,
+            },
+        );
+        cluster.metadata.namespace = Some("shop".into());
+        cluster.metadata.uid = Some("uid-1".into());
+        cluster
+    }
+
+    #[test]
+    fn every_child_is_owned_by_the_cluster() {
+        let cluster = cluster(&[]);
+        let mut children = vec![
+            config_map(&cluster).metadata,
+            credentials(&cluster, &mut random_password).metadata,
+            service_account(&cluster).metadata,
+            disruption_budget(&cluster).metadata,
+            stateful_set(&cluster).metadata,
+        ];
+        children.extend(services(&cluster).map(|s| s.metadata));
+        for meta in children {
+            let owner = &meta.owner_references.expect("owned")[0];
+            assert_eq!(
+                (owner.kind.as_str(), owner.uid.as_str()),
+                ("DatabaseCluster", "uid-1")
+            );
+            assert_eq!(owner.controller, Some(true));
+            assert_eq!(meta.namespace.as_deref(), Some("shop"));
+        }
+    }
+
+    #[test]
+    fn services_select_by_role() {
+        let [rw, ro, headless] = services(&cluster(&[]));
+        let role = |s: &Service| {
+            s.spec
+                .as_ref()
+                .and_then(|s| s.selector.as_ref())
+                .and_then(|s| s.get(ROLE_LABEL).cloned())
+        };
+        assert_eq!(rw.metadata.name.as_deref(), Some("orders-rw"));
+        assert_eq!(role(&rw).as_deref(), Some(ROLE_PRIMARY));
+        assert_eq!(role(&ro).as_deref(), Some(ROLE_REPLICA));
+        assert_eq!(role(&headless), None);
+        assert_eq!(
+            headless.spec.and_then(|s| s.cluster_ip).as_deref(),
+            Some("None")
+        );
+    }
+
+    #[test]
+    fn user_parameters_follow_the_managed_ones_quoted() {
+        let conf = postgresql_conf(&cluster(&[("work_mem", "64MB"), ("search_path", "a's")]));
+        assert!(conf.contains("wal_level = replica\n"), "{conf}");
+        assert!(conf.contains("work_mem = '64MB'\n"), "{conf}");
+        assert!(conf.contains("search_path = 'a''s'\n"), "{conf}");
+    }
+
+    #[test]
+    fn only_restart_parameters_change_the_pod_template() {
+        let base = restart_digest(&cluster(&[("work_mem", "4MB")]));
+        assert_eq!(
+            base,
+            restart_digest(&cluster(&[("work_mem", "64MB")])),
+            "reloadable"
+        );
+        assert_ne!(
+            base,
+            restart_digest(&cluster(&[("shared_buffers", "256MB")])),
+            "restart"
+        );
+        assert_ne!(
+            restart_digest(&cluster(&[("shared_buffers", "256MB")])),
+            restart_digest(&cluster(&[("SHARED_BUFFERS", "512MB")]))
+        );
+    }
+
+    #[test]
+    fn credentials_hold_distinct_random_passwords() {
+        let secret = credentials(&cluster(&[]), &mut random_password);
+        let data = secret.string_data.expect("data");
+        assert_eq!(data["password"].len(), 32);
+        assert_ne!(data["password"], data["superuser-password"]);
+        assert_ne!(data["password"], data["replication-password"]);
+        assert_eq!(data["replication-username"], REPLICATION_USER);
+    }
+
+    #[test]
+    fn the_pod_runs_restricted_with_the_role_in_the_downward_api() {
+        let sts = stateful_set(&cluster(&[]));
+        let spec = sts.spec.expect("spec");
+        assert_eq!(spec.replicas, Some(3));
+        let pod = spec.template.spec.expect("pod");
+        let container = &pod.containers[0];
+        assert_eq!(
+            container.image.as_deref(),
+            Some("ghcr.io/cairn-dev/postgres:17")
+        );
+        let security = container
+            .security_context
+            .as_ref()
+            .expect("security context");
+        assert_eq!(security.read_only_root_filesystem, Some(true));
+        assert_eq!(security.allow_privilege_escalation, Some(false));
+        assert_eq!(
+            pod.security_context.and_then(|s| s.run_as_non_root),
+            Some(true)
+        );
+        let podinfo = pod
+            .volumes
+            .expect("volumes")
+            .into_iter()
+            .find(|v| v.name == "podinfo");
+        let path = podinfo
+            .and_then(|v| v.downward_api)
+            .and_then(|d| d.items)
+            .and_then(|items| items[0].field_ref.clone())
+            .map(|f| f.field_path);
+        assert_eq!(
+            path.as_deref(),
+            Some("metadata.labels['database.cairn.dev/role']")
+        );
+    }
+}

@@ -1,0 +1,339 @@
+//! The status a cluster reports, derived from what its children show (pure).
+
+use cairn_api::database::v1::{
+    DatabaseCluster, DatabaseClusterPhase, DatabaseClusterStatus, Endpoints,
+};
+use cairn_runtime::conditions::{self, Condition, Time};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use kube::ResourceExt;
+
+use crate::build::{self, Names};
+
+/// Condition types.
+pub const READY: &str = "Ready";
+pub const PROGRESSING: &str = "Progressing";
+pub const DEGRADED: &str = "Degraded";
+
+/// Reasons, stable strings an on-call engineer can search for.
+pub mod reason {
+    pub const ALL_INSTANCES_READY: &str = "AllInstancesReady";
+    pub const INSTANCES_NOT_READY: &str = "InstancesNotReady";
+    pub const CREATING: &str = "Creating";
+    pub const SCALING: &str = "Scaling";
+    pub const ROLLING_OUT: &str = "RollingOut";
+    pub const CONVERGED: &str = "Converged";
+    pub const INSTANCES_UNAVAILABLE: &str = "InstancesUnavailable";
+    pub const HEALTHY: &str = "Healthy";
+    pub const INVALID_SPEC: &str = "InvalidSpec";
+    pub const PAUSED: &str = "Paused";
+}
+
+/// What the StatefulSet reports, reduced to what the status needs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Instances {
+    /// Pods that exist.
+    pub current: i32,
+    pub ready: i32,
+    /// Pods at the current pod template.
+    pub updated: i32,
+    /// Whether the StatefulSet controller has seen its latest spec.
+    pub observed: bool,
+}
+
+impl Instances {
+    pub fn of(sts: Option<&StatefulSet>) -> Self {
+        let Some(sts) = sts else {
+            return Self::default();
+        };
+        let status = sts.status.clone().unwrap_or_default();
+        Self {
+            current: status.replicas,
+            ready: status.ready_replicas.unwrap_or(0),
+            updated: status.updated_replicas.unwrap_or(0),
+            observed: status.observed_generation.unwrap_or(0)
+                >= sts.metadata.generation.unwrap_or(0),
+        }
+    }
+}
+
+/// The status of a healthy-spec cluster, given its instances and the primary.
+pub fn observe(
+    cluster: &DatabaseCluster,
+    instances: Instances,
+    primary: &str,
+    now: &Time,
+) -> DatabaseClusterStatus {
+    let mut status = base(cluster);
+    let desired = cluster.spec.instances;
+    let was_running = cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.phase)
+        .is_some_and(|p| p != DatabaseClusterPhase::Creating);
+    let all_ready = instances.observed
+        && instances.ready == desired
+        && instances.updated == desired
+        && instances.current == desired;
+    let (phase, progressing) = if all_ready {
+        (DatabaseClusterPhase::Running, None)
+    } else if !was_running {
+        (DatabaseClusterPhase::Creating, Some(reason::CREATING))
+    } else if instances.current != desired || !instances.observed {
+        (DatabaseClusterPhase::Scaling, Some(reason::SCALING))
+    } else if instances.updated < desired {
+        (DatabaseClusterPhase::Upgrading, Some(reason::ROLLING_OUT))
+    } else {
+        (DatabaseClusterPhase::Degraded, None)
+    };
+    let generation = cluster.metadata.generation;
+    let mut set = |type_: &str, ok: bool, reason: &str, message: String| {
+        conditions::set(
+            &mut status.conditions,
+            conditions::new(type_, ok, reason, message, generation, now.clone()),
+        );
+    };
+    let counted = format!("{}/{desired} instances ready", instances.ready);
+    if all_ready {
+        set(READY, true, reason::ALL_INSTANCES_READY, counted.clone());
+    } else {
+        set(READY, false, reason::INSTANCES_NOT_READY, counted.clone());
+    }
+    match progressing {
+        Some(why) => set(PROGRESSING, true, why, format!("{why}: {counted}")),
+        None => set(PROGRESSING, false, reason::CONVERGED, counted.clone()),
+    }
+    // Degraded: a cluster that ran is missing ready instances.
+    let degraded = was_running && instances.ready < desired.min(instances.current.max(1));
+    if degraded {
+        set(DEGRADED, true, reason::INSTANCES_UNAVAILABLE, counted);
+    } else {
+        set(DEGRADED, false, reason::HEALTHY, counted);
+    }
+    status.phase = Some(if degraded {
+        DatabaseClusterPhase::Degraded
+    } else {
+        phase
+    });
+    status.instances = Some(instances.current);
+    status.ready_instances = Some(instances.ready);
+    status.current_primary = Some(primary.to_owned());
+    status
+}
+
+/// The status of a cluster whose spec cannot be acted on.
+pub fn invalid(cluster: &DatabaseCluster, message: &str, now: &Time) -> DatabaseClusterStatus {
+    let mut status = base(cluster);
+    let generation = cluster.metadata.generation;
+    conditions::set(
+        &mut status.conditions,
+        conditions::new(
+            READY,
+            false,
+            reason::INVALID_SPEC,
+            message,
+            generation,
+            now.clone(),
+        ),
+    );
+    conditions::set(
+        &mut status.conditions,
+        conditions::new(
+            PROGRESSING,
+            false,
+            reason::INVALID_SPEC,
+            "fix the spec to continue",
+            generation,
+            now.clone(),
+        ),
+    );
+    status.phase = Some(DatabaseClusterPhase::Failed);
+    status
+}
+
+/// The status of a paused cluster: conditions say so, nothing else changes.
+pub fn paused(cluster: &DatabaseCluster, now: &Time) -> DatabaseClusterStatus {
+    let mut status = base(cluster);
+    conditions::set(
+        &mut status.conditions,
+        conditions::new(
+            PROGRESSING,
+            false,
+            reason::PAUSED,
+            "spec.paused is set: the controller changes no child object",
+            cluster.metadata.generation,
+            now.clone(),
+        ),
+    );
+    status.phase = Some(DatabaseClusterPhase::Paused);
+    status
+}
+
+/// The previous status with what never depends on the instances refreshed.
+fn base(cluster: &DatabaseCluster) -> DatabaseClusterStatus {
+    let names = Names::of(cluster);
+    let namespace = cluster.namespace().unwrap_or_default();
+    let mut status = cluster.status.clone().unwrap_or_default();
+    status.observed_generation = cluster.metadata.generation;
+    status.selector = Some(build::selector_string(cluster));
+    status.credentials_secret = Some(names.credentials.clone());
+    status.postgres_version = Some(cluster.spec.postgres.version.clone());
+    status.endpoints = Some(Endpoints {
+        read_write: Some(format!(
+            "{}.{namespace}.svc:{}",
+            names.read_write,
+            build::POSTGRES_PORT
+        )),
+        read_only: Some(format!(
+            "{}.{namespace}.svc:{}",
+            names.read_only,
+            build::POSTGRES_PORT
+        )),
+    });
+    status
+}
+
+/// The condition of `type_` in `status`, if any.
+pub fn condition<'a>(
+    status: Option<&'a DatabaseClusterStatus>,
+    type_: &str,
+) -> Option<&'a Condition> {
+    status.and_then(|s| conditions::find(&s.conditions, type_))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_api::database::v1::{DatabaseClusterSpec, PostgresSpec, StorageSpec};
+
+    fn cluster(instances: i32, phase: Option<DatabaseClusterPhase>) -> DatabaseCluster {
+        let mut cluster = DatabaseCluster::new(
+            "orders",
+            DatabaseClusterSpec {
+                instances,
+                postgres: PostgresSpec {
+                    version: "17".into(),
+                    ..PostgresSpec::default()
+                },
+                storage: StorageSpec {
+                    size: "1Gi".into(),
+                    storage_class_name: None,
+                },
+                resources: None,
+                scheduling: None,
+                bootstrap: None,
+                paused: false,
+            },
+        );
+        cluster.metadata.namespace = Some("shop".into());
+        cluster.metadata.generation = Some(2);
+        cluster.status = phase.map(|phase| DatabaseClusterStatus {
+            phase: Some(phase),
+            ..DatabaseClusterStatus::default()
+        });
+        cluster
+    }
+
+    fn now() -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(1_700_000_000).expect("valid"))
+    }
+
+    fn instances(current: i32, ready: i32, updated: i32) -> Instances {
+        Instances {
+            current,
+            ready,
+            updated,
+            observed: true,
+        }
+    }
+
+    fn reason_of(status: &DatabaseClusterStatus, type_: &str) -> (String, String) {
+        let c = conditions::find(&status.conditions, type_).expect("condition set");
+        (c.status.clone(), c.reason.clone())
+    }
+
+    #[test]
+    fn all_instances_ready_is_running() {
+        let status = observe(&cluster(3, None), instances(3, 3, 3), "orders-0", &now());
+        assert_eq!(status.phase, Some(DatabaseClusterPhase::Running));
+        assert_eq!(
+            reason_of(&status, READY),
+            ("True".into(), reason::ALL_INSTANCES_READY.into())
+        );
+        assert_eq!(reason_of(&status, PROGRESSING).0, "False");
+        assert_eq!(reason_of(&status, DEGRADED).0, "False");
+        assert_eq!(status.ready_instances, Some(3));
+        assert_eq!(status.observed_generation, Some(2));
+        assert_eq!(status.current_primary.as_deref(), Some("orders-0"));
+        assert_eq!(
+            status.endpoints.and_then(|e| e.read_write).as_deref(),
+            Some("orders-rw.shop.svc:5432")
+        );
+    }
+
+    #[test]
+    fn a_new_cluster_is_creating_until_ready() {
+        let status = observe(&cluster(3, None), instances(1, 0, 1), "orders-0", &now());
+        assert_eq!(status.phase, Some(DatabaseClusterPhase::Creating));
+        assert_eq!(
+            reason_of(&status, PROGRESSING),
+            ("True".into(), reason::CREATING.into())
+        );
+        assert_eq!(
+            reason_of(&status, DEGRADED).0,
+            "False",
+            "not degraded while creating"
+        );
+    }
+
+    #[test]
+    fn growing_a_running_cluster_is_scaling_not_degraded() {
+        let status = observe(
+            &cluster(5, Some(DatabaseClusterPhase::Running)),
+            instances(3, 3, 3),
+            "orders-0",
+            &now(),
+        );
+        assert_eq!(status.phase, Some(DatabaseClusterPhase::Scaling));
+        assert_eq!(reason_of(&status, DEGRADED).0, "False");
+    }
+
+    #[test]
+    fn a_running_cluster_losing_an_instance_is_degraded() {
+        let status = observe(
+            &cluster(3, Some(DatabaseClusterPhase::Running)),
+            instances(3, 2, 3),
+            "orders-0",
+            &now(),
+        );
+        assert_eq!(status.phase, Some(DatabaseClusterPhase::Degraded));
+        assert_eq!(
+            reason_of(&status, DEGRADED),
+            ("True".into(), reason::INSTANCES_UNAVAILABLE.into())
+        );
+        assert_eq!(reason_of(&status, READY).0, "False");
+    }
+
+    #[test]
+    fn a_rollout_is_upgrading() {
+        let status = observe(
+            &cluster(3, Some(DatabaseClusterPhase::Running)),
+            instances(3, 3, 1),
+            "orders-0",
+            &now(),
+        );
+        assert_eq!(status.phase, Some(DatabaseClusterPhase::Upgrading));
+        assert_eq!(reason_of(&status, PROGRESSING).1, reason::ROLLING_OUT);
+    }
+
+    #[test]
+    fn an_invalid_spec_says_why() {
+        let status = invalid(&cluster(3, None), "spec.resources: too much", &now());
+        let ready = conditions::find(&status.conditions, READY).expect("ready");
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", reason::INVALID_SPEC)
+        );
+        assert_eq!(ready.message, "spec.resources: too much");
+        assert_eq!(status.phase, Some(DatabaseClusterPhase::Failed));
+    }
+}

@@ -1,0 +1,646 @@
+//! The leader-elected manager every controller binary runs in.
+//!
+//! Every replica starts its caches at once (shared reflectors), so `/readyz`
+//! reports a synced, healthy standby and a takeover reconciles from warm
+//! caches. Only the lease holder runs the controller. On SIGTERM or SIGINT it
+//! lets in-flight reconciles finish (bounded by the shutdown grace), releases
+//! the lease so a standby takes over within a second, and exits 0. A replica
+//! that loses the lease stops reconciling at once and exits non-zero, so the
+//! kubelet restarts it as a fresh standby.
+//!
+//! A controller's main reads as: [`Manager::start`], one [`Manager::cache`]
+//! per kind, a kube-runtime `Controller` built from the caches' triggers, then
+//! [`Manager::run`] with the reconcile function.
+
+use std::collections::HashMap;
+use std::fmt::{Debug, Display};
+use std::future::Future;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use futures::{FutureExt, Stream, StreamExt};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::{self, ObjectRef, ReflectHandle, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+use tracing::Instrument;
+
+use crate::admin::{self, Health};
+use crate::config::Config;
+use crate::errors::{Backoff, ErrorClass};
+use crate::leader::{self, Timing};
+use crate::metrics::Metrics;
+use crate::telemetry::{self, Telemetry};
+
+/// Events buffered per shared cache before its watch waits for the consumer.
+const CACHE_BUFFER: usize = 1024;
+
+/// What a binary tells the manager about itself.
+#[derive(Debug, Clone, Copy)]
+pub struct BuildInfo {
+    /// Short controller name ("database"): the `controller` metric label, the
+    /// default lease name `cairn-<controller>`.
+    pub controller: &'static str,
+    pub version: &'static str,
+    pub git_commit: &'static str,
+}
+
+/// Why the manager could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("telemetry: {0}")]
+    Telemetry(#[from] telemetry::TelemetryError),
+    #[error("metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+    #[error("kubernetes client configuration: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("admin server on {address}: {source}")]
+    Admin {
+        address: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+    #[error(
+        "the lease namespace is unknown: set --lease-namespace (CAIRN_LEASE_NAMESPACE) or POD_NAMESPACE"
+    )]
+    NoLeaseNamespace,
+    #[error(
+        "CAIRN_NAMESPACES lists {0} namespaces: watch one namespace, or leave it empty for all namespaces"
+    )]
+    SeveralNamespaces(usize),
+}
+
+/// Errors a reconcile returns say how they should be retried.
+pub trait Classify {
+    fn class(&self) -> ErrorClass;
+}
+
+/// The running plumbing of one controller process.
+pub struct Manager {
+    pub info: BuildInfo,
+    pub config: Config,
+    pub client: Client,
+    pub metrics: Metrics,
+    pub health: Health,
+    /// This replica's name in the lease (the pod name).
+    pub identity: String,
+    /// The namespace of the lease, the pod's own.
+    pub namespace: String,
+    telemetry: Telemetry,
+    admin: JoinHandle<()>,
+    stop_admin: oneshot::Sender<()>,
+    caches_synced: Vec<BoxFuture<'static, ()>>,
+    terminate: watch::Receiver<bool>,
+}
+
+impl Manager {
+    /// Reads nothing itself: logs, metrics, the API client and the admin
+    /// server come up from `config`.
+    pub async fn start(info: BuildInfo, config: Config) -> Result<Self, StartError> {
+        let telemetry = telemetry::init(
+            &format!("cairn-{}-controller", info.controller),
+            config.log_format,
+            &config.log_level,
+            config.otlp_endpoint.as_deref(),
+        )?;
+        if config.namespaces.len() > 1 {
+            return Err(StartError::SeveralNamespaces(config.namespaces.len()));
+        }
+        let namespace = config
+            .lease_namespace
+            .clone()
+            .or_else(|| std::env::var("POD_NAMESPACE").ok())
+            .ok_or(StartError::NoLeaseNamespace)?;
+        let identity = std::env::var("POD_NAME").unwrap_or_else(|_| {
+            format!(
+                "{}-{}",
+                std::env::var("HOSTNAME").unwrap_or_else(|_| "cairn".into()),
+                std::process::id()
+            )
+        });
+        let client = Client::try_default().await?;
+        let metrics = Metrics::new(info.controller, info.version, info.git_commit)?;
+        let health = Health::new(Duration::from_secs(config.watch_failure_limit_seconds));
+        let listener = tokio::net::TcpListener::bind(config.admin_address)
+            .await
+            .map_err(|source| StartError::Admin {
+                address: config.admin_address,
+                source,
+            })?;
+        let (stop_admin, stopped) = oneshot::channel::<()>();
+        let router = admin::router(health.clone(), metrics.clone());
+        let admin = tokio::spawn(async move {
+            let served = axum::serve(listener, router)
+                .with_graceful_shutdown(stopped.map(|_| ()))
+                .await;
+            if let Err(e) = served {
+                tracing::error!(error = %e, "the admin server stopped");
+            }
+        });
+        tracing::info!(
+            controller = info.controller,
+            version = info.version,
+            git_commit = info.git_commit,
+            identity,
+            admin_address = %config.admin_address,
+            "starting"
+        );
+        Ok(Self {
+            info,
+            config,
+            client,
+            metrics,
+            health,
+            identity,
+            namespace,
+            telemetry,
+            admin,
+            stop_admin,
+            caches_synced: Vec::new(),
+            terminate: termination_signal(),
+        })
+    }
+
+    /// An `Api` for `K` in the namespaces this controller watches.
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+    {
+        match self.config.namespaces.first() {
+            Some(namespace) => Api::namespaced(self.client.clone(), namespace),
+            None => Api::all(self.client.clone()),
+        }
+    }
+
+    /// Starts a cache of `K` (every replica, leader or not): it counts its
+    /// objects, reports watch failures to `/livez`, and gates `/readyz` until
+    /// its first list. Its [`Cache::trigger`] feeds a `Controller`.
+    pub fn cache<K>(&mut self, api: Api<K>, watch: watcher::Config) -> Cache<K>
+    where
+        K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+    {
+        let (store, writer) = reflector::store_shared(CACHE_BUFFER);
+        let subscription = writer
+            .subscribe()
+            .expect("a shared store always has a subscription");
+        let kind = K::kind(&()).into_owned();
+        let gauge = self.metrics.objects_in_cache.with_label_values(&[&kind]);
+        let health = self.health.clone();
+        let counted = store.clone();
+        let reflect = watcher(api, watch)
+            .default_backoff()
+            .reflect_shared(writer)
+            .for_each(move |event| {
+                match event {
+                    Ok(_) => health.watch_ok(),
+                    Err(e) => {
+                        tracing::warn!(kind, error = %e, "watch failed; retrying");
+                        health.watch_failed();
+                    }
+                }
+                gauge.set(i64::try_from(counted.len()).unwrap_or(i64::MAX));
+                std::future::ready(())
+            });
+        tokio::spawn(reflect);
+        let synced = store.clone();
+        self.caches_synced.push(
+            async move {
+                let _ = synced.wait_until_ready().await;
+            }
+            .boxed(),
+        );
+        Cache::new(store, subscription)
+    }
+
+    /// Runs `controller` while this replica leads, with `reconcile` wrapped in
+    /// metrics, a span, and the retry policy of its error class. Returns the
+    /// process's exit code.
+    pub async fn run<K, Ctx, E, F, Fut>(
+        mut self,
+        controller: Controller<K>,
+        reconcile: F,
+        context: Arc<Ctx>,
+    ) -> ExitCode
+    where
+        K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+        Ctx: Send + Sync + 'static,
+        E: Classify + Display + std::error::Error + Send + Sync + 'static,
+        F: Fn(Arc<K>, Arc<Ctx>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Action, E>> + Send + 'static,
+    {
+        let code = self.lead(controller, reconcile, context).await;
+        let _ = self.stop_admin.send(());
+        let _ = self.admin.await;
+        self.telemetry.shutdown();
+        code
+    }
+
+    async fn lead<K, Ctx, E, F, Fut>(
+        &mut self,
+        controller: Controller<K>,
+        reconcile: F,
+        context: Arc<Ctx>,
+    ) -> ExitCode
+    where
+        K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+        Ctx: Send + Sync + 'static,
+        E: Classify + Display + std::error::Error + Send + Sync + 'static,
+        F: Fn(Arc<K>, Arc<Ctx>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Action, E>> + Send + 'static,
+    {
+        let synced = futures::future::join_all(std::mem::take(&mut self.caches_synced));
+        tokio::select! {
+            _ = synced => {
+                tracing::info!("caches synced");
+                self.health.set_ready(true);
+            }
+            () = terminated(self.terminate.clone()) => return ExitCode::SUCCESS,
+        }
+        let lease = self.config.lease_name(self.info.controller);
+        let mut candidacy = leader::run_for(
+            self.client.clone(),
+            &self.namespace,
+            &lease,
+            &self.identity,
+            Timing::default(),
+            self.metrics.clone(),
+        );
+        tokio::select! {
+            acquired = candidacy.acquired() => if let Err(e) = acquired {
+                tracing::error!(error = %e, "leader election stopped");
+                return ExitCode::FAILURE;
+            },
+            () = terminated(self.terminate.clone()) => {
+                tracing::info!("terminating as a standby");
+                return ExitCode::SUCCESS;
+            }
+        }
+        tracing::info!(lease, identity = %self.identity, "leading: reconciling");
+        let reconciler = Arc::new(Instrumented::new(
+            reconcile,
+            context,
+            self.metrics.clone(),
+            self.config.backoff(),
+            Duration::from_secs(self.config.resync_seconds),
+        ));
+        let grace = Duration::from_secs(self.config.shutdown_grace_seconds);
+        let terminate = self.terminate.clone();
+        let running = controller
+            .with_config(
+                kube::runtime::controller::Config::default()
+                    .concurrency(self.config.concurrency)
+                    .debounce(Duration::from_millis(100)),
+            )
+            // Objects that arrived while standing by have no pending event.
+            .reconcile_all_on(futures::stream::once(std::future::ready(())))
+            .graceful_shutdown_on(terminated(terminate.clone()))
+            .run(
+                |object, instrumented: Arc<Instrumented<F, Ctx>>| {
+                    let instrumented = instrumented.clone();
+                    async move { instrumented.reconcile(object).await }
+                },
+                |object, error, instrumented| instrumented.error_policy(object, error),
+                reconciler,
+            )
+            .for_each(|_| std::future::ready(()));
+        // After SIGTERM, in-flight reconciles get `grace` to finish.
+        let deadline = async move {
+            terminated(terminate).await;
+            tokio::time::sleep(grace).await;
+        };
+        tokio::select! {
+            () = running => {}
+            () = deadline => tracing::warn!(grace_seconds = grace.as_secs(), "reconciles still running after the shutdown grace; stopping them"),
+            lost = candidacy.lost() => {
+                // Another replica may be leading: stop now, write nothing more.
+                tracing::error!(error = %lost, "lost the lease; exiting");
+                return ExitCode::FAILURE;
+            }
+        }
+        match candidacy.release(Duration::from_secs(5)).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not release the lease; a standby takes over when it expires");
+                ExitCode::SUCCESS
+            }
+        }
+    }
+}
+
+/// A cache of one kind, shared by every controller of the process.
+pub struct Cache<K>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    store: Store<K>,
+    subscription: SubscriptionGate<K>,
+}
+
+/// Until a controller polls the subscription (this replica leads), a task
+/// drains it so the watch never waits for a standby.
+struct SubscriptionGate<K>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    stop_draining: oneshot::Sender<()>,
+    drained: JoinHandle<ReflectHandle<K>>,
+}
+
+impl<K> Cache<K>
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + Send + Sync + 'static,
+{
+    fn new(store: Store<K>, mut subscription: ReflectHandle<K>) -> Self {
+        let (stop_draining, mut stop) = oneshot::channel();
+        let drained = tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = &mut stop => return subscription,
+                    next = subscription.next() => if next.is_none() { return subscription },
+                }
+            }
+        });
+        Self {
+            store,
+            subscription: SubscriptionGate {
+                stop_draining,
+                drained,
+            },
+        }
+    }
+
+    /// A read handle on the cached objects.
+    pub fn store(&self) -> Store<K> {
+        self.store.clone()
+    }
+
+    /// Every change of the cached objects, from the moment it is polled.
+    pub fn trigger(self) -> impl Stream<Item = Arc<K>> + Send + 'static {
+        let SubscriptionGate {
+            stop_draining,
+            drained,
+        } = self.subscription;
+        async move {
+            let _ = stop_draining.send(());
+            match drained.await {
+                Ok(subscription) => subscription.left_stream(),
+                Err(_) => futures::stream::empty().right_stream(),
+            }
+        }
+        .flatten_stream()
+    }
+
+    /// Like [`Cache::trigger`], but only when an object's `metadata.generation`
+    /// changes (its spec, not its status: a controller's own status writes do
+    /// not wake it again). For kinds with a status subresource.
+    pub fn trigger_on_spec_change(self) -> impl Stream<Item = Arc<K>> + Send + 'static {
+        let mut seen: HashMap<String, Option<i64>> = HashMap::new();
+        self.trigger().filter(move |object| {
+            let meta = object.meta();
+            let key = meta.uid.clone().unwrap_or_default();
+            let changed = seen.insert(key, meta.generation) != Some(meta.generation);
+            std::future::ready(changed)
+        })
+    }
+}
+
+/// The reconcile function wrapped in what every controller needs.
+struct Instrumented<F, Ctx> {
+    reconcile: F,
+    context: Arc<Ctx>,
+    metrics: Metrics,
+    backoff: Backoff,
+    resync: Duration,
+    /// Consecutive failures per object, for the backoff.
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl<F, Ctx> Instrumented<F, Ctx> {
+    fn new(
+        reconcile: F,
+        context: Arc<Ctx>,
+        metrics: Metrics,
+        backoff: Backoff,
+        resync: Duration,
+    ) -> Self {
+        Self {
+            reconcile,
+            context,
+            metrics,
+            backoff,
+            resync,
+            failures: Mutex::new(HashMap::new()),
+        }
+    }
+
+    async fn reconcile<K, E, Fut>(&self, object: Arc<K>) -> Result<Action, E>
+    where
+        K: Resource<DynamicType = ()>,
+        E: Classify + Display,
+        F: Fn(Arc<K>, Arc<Ctx>) -> Fut,
+        Fut: Future<Output = Result<Action, E>>,
+    {
+        let kind = K::kind(&());
+        let reference = ObjectRef::from_obj(&*object).to_string();
+        let span = tracing::info_span!(
+            "reconcile",
+            kind = %kind,
+            object = %reference,
+            trace_id = tracing::field::Empty
+        );
+        record_trace_id(&span);
+        let in_flight = self
+            .metrics
+            .reconciles_in_flight
+            .with_label_values(&[&kind]);
+        in_flight.inc();
+        let started = Instant::now();
+        let result = (self.reconcile)(object, self.context.clone())
+            .instrument(span.clone())
+            .await;
+        in_flight.dec();
+        self.metrics
+            .reconcile_duration
+            .with_label_values(&[&kind])
+            .observe(started.elapsed().as_secs_f64());
+        self.metrics.reconciles.with_label_values(&[&kind]).inc();
+        match &result {
+            Ok(_) => {
+                self.lock_failures().remove(&reference);
+            }
+            Err(e) => {
+                self.metrics.record_error(&kind, e.class());
+                span.in_scope(
+                    || tracing::warn!(reason = e.class().label(), error = %e, "reconcile failed"),
+                );
+            }
+        }
+        // A successful reconcile is checked again after the resync interval
+        // (drift the watches cannot see), unless it asked for sooner.
+        result.map(|action| {
+            if action == Action::await_change() {
+                Action::requeue(self.resync)
+            } else {
+                action
+            }
+        })
+    }
+
+    fn error_policy<K, E>(&self, object: Arc<K>, error: &E) -> Action
+    where
+        K: Resource<DynamicType = ()>,
+        E: Classify,
+    {
+        let reference = ObjectRef::from_obj(&*object).to_string();
+        match self.retry_delay(reference, error.class()) {
+            Some(delay) => Action::requeue(delay),
+            None => Action::await_change(),
+        }
+    }
+
+    /// When to retry a failed object; `None`: when its spec changes.
+    fn retry_delay(&self, reference: String, class: ErrorClass) -> Option<Duration> {
+        let mut failures = self.lock_failures();
+        match class {
+            // The reconcile recorded the problem in a condition; retrying
+            // cannot help until the user changes the spec.
+            ErrorClass::InvalidSpec => {
+                failures.remove(&reference);
+                None
+            }
+            ErrorClass::Transient | ErrorClass::DependencyNotReady => {
+                let count = failures.entry(reference).or_insert(0);
+                *count = count.saturating_add(1);
+                Some(self.backoff.delay(*count))
+            }
+        }
+    }
+
+    fn lock_failures(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
+        self.failures.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Logs carry the trace id when traces are exported.
+fn record_trace_id(span: &tracing::Span) {
+    use opentelemetry::trace::TraceContextExt;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    let context = span.context();
+    let trace = context.span().span_context().trace_id();
+    if trace != opentelemetry::trace::TraceId::INVALID {
+        span.record("trace_id", tracing::field::display(trace));
+    }
+}
+
+/// Becomes true on the first SIGTERM or SIGINT.
+fn termination_signal() -> watch::Receiver<bool> {
+    let (sender, receiver) = watch::channel(false);
+    tokio::spawn(async move {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot listen for SIGTERM");
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+        }
+        let _ = sender.send(true);
+        // Keep the channel open so receivers see `true`, not a closed channel.
+        std::future::pending::<()>().await;
+    });
+    receiver
+}
+
+/// Completes once termination was requested.
+async fn terminated(mut signal: watch::Receiver<bool>) {
+    let _ = signal.wait_for(|terminated| *terminated).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("{0:?}")]
+    struct Failure(ErrorClass);
+
+    impl Classify for Failure {
+        fn class(&self) -> ErrorClass {
+            self.0
+        }
+    }
+
+    type Reconcile = fn(
+        Arc<k8s_openapi::api::core::v1::ConfigMap>,
+        Arc<()>,
+    ) -> futures::future::Ready<Result<Action, Failure>>;
+
+    fn instrumented() -> Instrumented<Reconcile, ()> {
+        let metrics = Metrics::new("test", "0", "none").expect("valid metrics");
+        Instrumented::new(
+            |_, _| futures::future::ready(Ok(Action::await_change())),
+            Arc::new(()),
+            metrics,
+            Backoff::default(),
+            Duration::from_secs(300),
+        )
+    }
+
+    fn config_map(name: &str) -> Arc<k8s_openapi::api::core::v1::ConfigMap> {
+        let mut object = k8s_openapi::api::core::v1::ConfigMap::default();
+        object.metadata.name = Some(name.into());
+        object.metadata.namespace = Some("ns".into());
+        Arc::new(object)
+    }
+
+    #[test]
+    fn an_invalid_spec_waits_for_a_change() {
+        let policy =
+            instrumented().error_policy(config_map("a"), &Failure(ErrorClass::InvalidSpec));
+        assert_eq!(policy, Action::await_change());
+    }
+
+    #[test]
+    fn transient_failures_back_off_per_object() {
+        let instrumented = instrumented();
+        for ceiling in [5, 10, 20] {
+            let delay = instrumented
+                .retry_delay("ns/a".into(), ErrorClass::DependencyNotReady)
+                .expect("retried");
+            let ceiling = Duration::from_secs(ceiling);
+            assert!(
+                delay >= ceiling / 2 && delay <= ceiling,
+                "{delay:?} for {ceiling:?}"
+            );
+        }
+        // Another object starts from the first step.
+        let other = instrumented
+            .retry_delay("ns/b".into(), ErrorClass::Transient)
+            .expect("retried");
+        assert!(other <= Duration::from_secs(5), "{other:?}");
+    }
+
+    #[tokio::test]
+    async fn success_resets_the_backoff_and_resyncs() {
+        let instrumented = instrumented();
+        let object = config_map("a");
+        instrumented.error_policy(object.clone(), &Failure(ErrorClass::Transient));
+        assert_eq!(instrumented.lock_failures().len(), 1);
+        let action = instrumented.reconcile(object).await.expect("succeeds");
+        assert_eq!(action, Action::requeue(Duration::from_secs(300)));
+        assert!(instrumented.lock_failures().is_empty());
+        let text = instrumented.metrics.render();
+        assert!(
+            text.contains(r#"cairn_reconcile_total{kind="ConfigMap",controller="test"} 1"#),
+            "{text}"
+        );
+    }
+}
