@@ -8,6 +8,9 @@
 #   hack/local-cluster.sh up   [STATE_DIR]   start (or reuse the one running there)
 #   hack/local-cluster.sh down [STATE_DIR]   stop every process, remove STATE_DIR
 #   hack/local-cluster.sh env  [STATE_DIR]   print the environment to use it
+#   hack/local-cluster.sh stop-apiserver|start-apiserver [STATE_DIR]
+#                                            take the API server away and back
+#                                            (tests of clients' resilience)
 #
 # STATE_DIR defaults to $CAIRN_CACHE/clusters/dev. It holds certificates, the
 # admin kubeconfig, the etcd data, logs and pid files; `env` lists what is where.
@@ -19,7 +22,7 @@ SERVICE_CIDR=10.96.0.0/16
 SERVICE_API_IP=10.96.0.1
 START_TIMEOUT=${CAIRN_START_TIMEOUT:-90}
 
-usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 
 # free_ports N: N distinct free loopback ports. All sockets are held open until
 # every port is chosen, so no two of them coincide.
@@ -255,6 +258,7 @@ export CAIRN_APISERVER=$1
 export CAIRN_S3_ENDPOINT=$MOTO_URL
 export CAIRN_AUDIT_LOG=$STATE/logs/audit.log
 export CAIRN_BIN=$BIN
+export CAIRN_ETCD=$ETCD_URL
 ENV
 }
 
@@ -340,6 +344,27 @@ down() {
   log "local cluster stopped, $STATE removed"
 }
 
+restart_apiserver() { # stop|start
+  APISERVER_URL=$(state_value CAIRN_APISERVER)
+  [[ -n "$APISERVER_URL" ]] || die "no local cluster in $STATE"
+  case $1 in
+    stop) # abruptly, as a crash or a network partition would
+      local pid
+      if pid=$(live_pid kube-apiserver); then
+        kill -KILL -- "-$pid" 2>/dev/null || true
+        while alive kube-apiserver; do sleep 0.1; done
+      fi
+      rm -f "$STATE/pids/kube-apiserver.pid"
+      ;;
+    start)
+      alive kube-apiserver && return 0
+      BIN=$(state_value CAIRN_BIN)
+      ETCD_URL=$(state_value CAIRN_ETCD)
+      start_apiserver "${APISERVER_URL##*:}"
+      ;;
+  esac
+}
+
 cmd=${1:-}
 STATE=$(realpath -m "${2:-$CAIRN_CACHE/clusters/dev}")
 mkdir -p "$(dirname "$STATE")"
@@ -349,6 +374,8 @@ flock -w 600 9 || die "another up or down holds $STATE.lock for 10 minutes"
 case "$cmd" in
   up) up ;;
   down) down ;;
+  stop-apiserver) restart_apiserver stop ;;
+  start-apiserver) restart_apiserver start ;;
   env) running || die "no running local cluster in $STATE (start it: hack/local-cluster.sh up)"; cat "$STATE/env" ;;
   *) usage ;;
 esac

@@ -4,9 +4,6 @@
 
 use std::time::Duration;
 
-use axum::Json;
-use axum::routing::post;
-use cairn_api::database::conversion;
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, PostParams};
 use serde_json::json;
@@ -20,15 +17,6 @@ pub fn database_cluster(version: &str) -> ApiResource {
         kind: "DatabaseCluster".into(),
         plural: "databaseclusters".into(),
     }
-}
-
-/// A router answering the API server's `ConversionReview`s at `/convert`
-/// with the api crate's handler.
-pub fn conversion_router() -> axum::Router {
-    axum::Router::new().route(
-        "/convert",
-        post(|Json(review)| async move { Json(conversion::review(review)) }),
-    )
 }
 
 /// Creates v1alpha1 DatabaseCluster `name` (`size` instances of PostgreSQL

@@ -53,7 +53,7 @@ async fn a_rotated_certificate_is_served_without_a_restart() -> Result {
     std::fs::create_dir_all(&certs)?;
     let first = issue()?;
     first.write(&certs)?;
-    let router = cairn_e2e::conversion_router();
+    let router = cairn_database_controller::webhook::router();
     let server = cairn_runtime::webhook::start(
         ([127, 0, 0, 1], 0).into(),
         router,

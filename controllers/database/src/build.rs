@@ -421,7 +421,9 @@ fn instance_container(cluster: &DatabaseCluster) -> Container {
     let mount = |name: &str, path: &str, read_only: bool| VolumeMount {
         name: name.to_owned(),
         mount_path: path.to_owned(),
-        read_only: Some(read_only),
+        // The API server drops `readOnly: false`; sending it would look
+        // like a change on every reconcile.
+        read_only: read_only.then_some(true),
         ..VolumeMount::default()
     };
     Container {

@@ -9,6 +9,7 @@ pub mod build;
 pub mod error;
 pub mod reconcile;
 pub mod status;
+pub mod webhook;
 
 /// The API group this controller reconciles.
 pub const GROUP: &str = cairn_api::DATABASE_GROUP;

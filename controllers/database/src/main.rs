@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use cairn_api::database::v1::DatabaseCluster;
 use cairn_database_controller::reconcile::{self, Caches, Context};
-use cairn_database_controller::{MANAGER, build};
+use cairn_database_controller::{MANAGER, build, webhook};
 use cairn_runtime::config::Config;
 use cairn_runtime::manager::{BuildInfo, Manager};
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -32,6 +32,16 @@ async fn main() -> ExitCode {
         Ok(manager) => manager,
         Err(e) => {
             eprintln!("cairn-database-controller: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let webhook = match manager
+        .serve_webhook(webhook::router(), &[webhook::CRD])
+        .await
+    {
+        Ok(server) => server,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot serve the conversion webhook");
             return ExitCode::FAILURE;
         }
     };
@@ -78,5 +88,9 @@ async fn main() -> ExitCode {
                 let cluster = pod.labels().get("app.kubernetes.io/instance")?;
                 Some(ObjectRef::<DatabaseCluster>::new(cluster).within(&namespace))
             });
-    manager.run(controller, reconcile::reconcile, context).await
+    let code = manager.run(controller, reconcile::reconcile, context).await;
+    if let Some(webhook) = webhook {
+        webhook.shutdown();
+    }
+    code
 }

@@ -29,11 +29,20 @@ pub async fn apply<K>(
 ) -> Result<(K, Outcome), kube::Error>
 where
     K: Resource + Clone + Debug + Serialize + DeserializeOwned,
+    K::DynamicType: Default,
 {
-    if let Some(current) = current
-        && contains(&to_value(current), &to_value(desired))
-    {
-        return Ok((current.clone(), Outcome::Unchanged));
+    if let Some(current) = current {
+        match difference(&to_value(current), &to_value(desired)) {
+            None => return Ok((current.clone(), Outcome::Unchanged)),
+            // Says why a write happened: a field that never settles (a
+            // default the server fills in differently) shows up here.
+            Some(field) => tracing::debug!(
+                kind = %K::kind(&Default::default()),
+                name = %desired.name_any(),
+                field,
+                "applying: a field differs"
+            ),
+        }
     }
     let applied = api
         .patch(
@@ -53,20 +62,37 @@ fn to_value(object: &impl Serialize) -> Value {
 /// Objects may have more keys; lists must match element by element. Status
 /// and server-set metadata are not compared.
 pub fn contains(actual: &Value, desired: &Value) -> bool {
+    difference(actual, desired).is_none()
+}
+
+/// The path of the first field `desired` sets that `actual` lacks or holds
+/// with another value (see [`contains`]).
+pub fn difference(actual: &Value, desired: &Value) -> Option<String> {
     match (actual, desired) {
-        (Value::Object(actual), Value::Object(desired)) => desired.iter().all(|(key, value)| {
-            if key == "status" {
-                return true;
-            }
-            match actual.get(key) {
-                Some(found) => contains(found, value),
-                None => value.is_null(),
-            }
-        }),
-        (Value::Array(actual), Value::Array(desired)) => {
-            actual.len() == desired.len() && actual.iter().zip(desired).all(|(a, d)| contains(a, d))
+        (Value::Object(actual), Value::Object(desired)) => {
+            desired.iter().find_map(|(key, value)| {
+                if key == "status" {
+                    return None;
+                }
+                match actual.get(key) {
+                    Some(found) => difference(found, value).map(|path| format!(".{key}{path}")),
+                    None if value.is_null() => None,
+                    None => Some(format!(".{key}")),
+                }
+            })
         }
-        (actual, desired) => actual == desired,
+        (Value::Array(actual), Value::Array(desired)) => {
+            if actual.len() != desired.len() {
+                return Some(format!(" (length {} != {})", actual.len(), desired.len()));
+            }
+            actual
+                .iter()
+                .zip(desired)
+                .enumerate()
+                .find_map(|(i, (a, d))| difference(a, d).map(|path| format!("[{i}]{path}")))
+        }
+        (actual, desired) if actual == desired => None,
+        _ => Some(String::new()),
     }
 }
 
@@ -98,5 +124,9 @@ mod tests {
         );
         assert!(contains(&actual, &json!({"list": [{"a": 1}, {"a": 2}]})));
         assert!(contains(&actual, &json!({"status": {"ignored": true}})));
+        assert_eq!(
+            difference(&actual, &json!({"list": [{"a": 1}, {"a": 3}]})).as_deref(),
+            Some(".list[1].a")
+        );
     }
 }

@@ -42,6 +42,10 @@ pub struct Config {
     /// chart); if unset the controller manages its own CA in a Secret.
     #[arg(long, env = "CAIRN_WEBHOOK_CERT_DIR")]
     pub webhook_cert_dir: Option<PathBuf>,
+    /// DNS name the API server reaches the webhook at (the webhook Service,
+    /// `<service>.<namespace>.svc`), written into self-managed certificates.
+    #[arg(long, env = "CAIRN_WEBHOOK_SERVICE")]
+    pub webhook_service: Option<String>,
     /// Log format.
     #[arg(long, env = "CAIRN_LOG_FORMAT", value_enum, default_value = "json")]
     pub log_format: LogFormat,

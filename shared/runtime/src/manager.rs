@@ -31,11 +31,13 @@ use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 use crate::admin::{self, Health};
+use crate::certs;
 use crate::config::Config;
 use crate::errors::{Backoff, ErrorClass};
 use crate::leader::{self, Timing};
 use crate::metrics::Metrics;
 use crate::telemetry::{self, Telemetry};
+use crate::webhook::{self, WebhookServer};
 
 /// Events buffered per shared cache before its watch waits for the consumer.
 const CACHE_BUFFER: usize = 1024;
@@ -68,6 +70,13 @@ pub enum StartError {
         "the lease namespace is unknown: set --lease-namespace (CAIRN_LEASE_NAMESPACE) or POD_NAMESPACE"
     )]
     NoLeaseNamespace,
+    #[error("webhook server on {address}: {source}")]
+    Webhook {
+        address: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("self-managed webhook certificates: {0}")]
+    WebhookCertificates(#[from] crate::certs::CertError),
     #[error(
         "CAIRN_NAMESPACES lists {0} namespaces: watch one namespace, or leave it empty for all namespaces"
     )]
@@ -163,6 +172,48 @@ impl Manager {
             caches_synced: Vec::new(),
             terminate: termination_signal(),
         })
+    }
+
+    /// Serves `router` over HTTPS on the webhook address, if one is set, on
+    /// every replica. Certificates come from the mounted folder (reloaded when
+    /// they change) or, without one, from a Secret the replicas share, whose
+    /// CA is written into the `crds` conversion caBundle.
+    pub async fn serve_webhook(
+        &self,
+        router: axum::Router,
+        crds: &[&str],
+    ) -> Result<Option<WebhookServer>, StartError> {
+        let Some(address) = self.config.webhook_address else {
+            return Ok(None);
+        };
+        let webhook_error = |source| StartError::Webhook { address, source };
+        let server = match &self.config.webhook_cert_dir {
+            Some(dir) => webhook::start(address, router, dir, webhook::RELOAD_INTERVAL)
+                .await
+                .map_err(webhook_error)?,
+            None => {
+                let secret = format!("cairn-{}-webhook-certs", self.info.controller);
+                let default_host = format!(
+                    "cairn-{}-controller-webhook.{}.svc",
+                    self.info.controller, self.namespace
+                );
+                let host = self
+                    .config
+                    .webhook_service
+                    .as_deref()
+                    .unwrap_or(&default_host);
+                let pair =
+                    certs::ensure(self.client.clone(), &self.namespace, &secret, &[host]).await?;
+                certs::inject_ca_bundle(self.client.clone(), crds, &pair.ca)
+                    .await
+                    .map_err(certs::CertError::from)?;
+                webhook::start_with_pem(address, router, &pair.cert, &pair.key)
+                    .await
+                    .map_err(webhook_error)?
+            }
+        };
+        tracing::info!(address = %server.address, "serving webhooks");
+        Ok(Some(server))
     }
 
     /// An `Api` for `K` in the namespaces this controller watches.

@@ -57,7 +57,9 @@ pub fn init(
             .with_current_span(true)
             .with_span_list(false)
             .boxed(),
-        LogFormat::Text => tracing_subscriber::fmt::layer().boxed(),
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
+            .boxed(),
     };
     let provider = match otlp_endpoint {
         Some(endpoint) => {

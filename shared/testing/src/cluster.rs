@@ -16,7 +16,7 @@ use crate::{Error, TestNamespace};
 #[derive(Debug)]
 pub struct LocalCluster {
     state_dir: PathBuf,
-    kubeconfig: Kubeconfig,
+    pub(crate) kubeconfig: Kubeconfig,
     s3_endpoint: String,
     bin_dir: PathBuf,
 }
@@ -155,6 +155,17 @@ impl LocalCluster {
         })
     }
 
+    /// Stops the API server (etcd and the other components keep running), to
+    /// test what clients do while it is unreachable.
+    pub fn stop_apiserver(&self) -> Result<(), Error> {
+        run_script(&["stop-apiserver", &self.state_dir.to_string_lossy()]).map(drop)
+    }
+
+    /// Starts the API server again, on the same address; returns once ready.
+    pub fn start_apiserver(&self) -> Result<(), Error> {
+        run_script(&["start-apiserver", &self.state_dir.to_string_lossy()]).map(drop)
+    }
+
     /// The folder with the pinned kubectl, helm and control plane binaries.
     pub fn bin_dir(&self) -> &Path {
         &self.bin_dir
@@ -170,11 +181,21 @@ pub struct KubectlOutput {
 
 /// Starts (or reuses) the development cluster and returns its state folder.
 fn start_dev_cluster() -> Result<PathBuf, Error> {
+    run_script(&["up"])?;
+    parse_env(&run_script(&["env"])?)
+        .remove("CAIRN_CLUSTER_STATE")
+        .map(PathBuf::from)
+        .ok_or_else(|| Error::Setup("local-cluster.sh env printed no CAIRN_CLUSTER_STATE".into()))
+}
+
+/// Runs `hack/local-cluster.sh ARGS`; its standard output.
+fn run_script(args: &[&str]) -> Result<String, Error> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../hack/local-cluster.sh");
-    let run = |command: &str| {
+    let run = |args: &[&str]| {
+        let command = args.join(" ");
         Command::new("bash")
             .arg(&script)
-            .arg(command)
+            .args(args)
             .stderr(std::process::Stdio::inherit())
             .output()
             .map_err(|e| Error::Setup(format!("cannot run {}: {e}", script.display())))
@@ -187,11 +208,7 @@ fn start_dev_cluster() -> Result<PathBuf, Error> {
                 ))),
             })
     };
-    run("up")?;
-    parse_env(&run("env")?)
-        .remove("CAIRN_CLUSTER_STATE")
-        .map(PathBuf::from)
-        .ok_or_else(|| Error::Setup("local-cluster.sh env printed no CAIRN_CLUSTER_STATE".into()))
+    run(args)
 }
 
 /// Parses `export KEY=VALUE` lines (values are written unquoted).

@@ -21,6 +21,7 @@ pub mod crds;
 mod error;
 pub mod https;
 mod namespace;
+pub mod process;
 pub mod s3;
 pub mod wait;
 

@@ -1,0 +1,191 @@
+//! What the runtime promises every reconcile, shown through the database
+//! controller as a real process with its chart's RBAC: standard metrics with
+//! bounded labels, zero writes when nothing changed, and an invalid spec
+//! reported once and not retried until the spec changes.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use cairn_api::database::v1::DatabaseCluster;
+use cairn_testing::Error;
+use cairn_testing::process::{ControllerProcess, sample};
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::{Patch, PatchParams};
+use serde_json::json;
+
+const RECONCILES: &str = "cairn_reconcile_total{kind=\"DatabaseCluster\",controller=\"database\"}";
+
+async fn reconciles(process: &ControllerProcess) -> Result<f64, Error> {
+    Ok(process.metric(RECONCILES).await?.unwrap_or(0.0))
+}
+
+/// Every label value of the `cairn_` series in `metrics`.
+fn label_values(metrics: &str) -> Vec<String> {
+    metrics
+        .lines()
+        .filter(|line| line.starts_with("cairn_"))
+        .filter_map(|line| Some(line.split_once('{')?.1.split_once('}')?.0.to_owned()))
+        .flat_map(|labels| {
+            labels
+                .split("\",")
+                .filter_map(|pair| Some(pair.split_once("=\"")?.1.trim_end_matches('"').to_owned()))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn steady_state_writes_nothing_and_metrics_name_no_object() -> Result<(), Error> {
+    let namespace = support::namespace("steady").await?;
+    let account = support::install_rbac(&namespace, "steady").await?;
+    // Resync every 10 s: the idle window below sees several full reconciles.
+    let process = support::start(
+        &namespace,
+        "steady",
+        &account,
+        &[("CAIRN_RESYNC_SECONDS", "10")],
+    )?;
+    let clusters = namespace.api::<DatabaseCluster>();
+    for (name, instances) in [("inventory", 1), ("payments", 2)] {
+        support::create(&clusters, &support::database_cluster(name, instances)).await?;
+    }
+    for name in ["inventory", "payments"] {
+        support::until_condition(&clusters, name, "Ready", "True", Duration::from_secs(90)).await?;
+    }
+
+    // Let the last status write and its echo settle, then watch idle.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let user = support::user(&namespace, &account);
+    let writes_before = support::writes_by(&user, &namespace.name)?.len();
+    let reconciles_before = reconciles(&process).await?;
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    // The audit log is written in batches at most a second late.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let idle_writes: Vec<_> = support::writes_by(&user, &namespace.name)?
+        .into_iter()
+        .skip(writes_before)
+        .filter(|w| w.resource != "leases")
+        .collect();
+    let idle_reconciles = reconciles(&process).await? - reconciles_before;
+    println!(
+        "idle 25 s: {idle_reconciles} reconciles, {} writes",
+        idle_writes.len()
+    );
+    assert!(idle_reconciles >= 2.0, "resyncs ran: {idle_reconciles}");
+    assert_eq!(idle_writes, vec![], "an unchanged cluster costs no write");
+
+    let metrics = process.metrics().await?;
+    for series in [
+        "cairn_reconcile_total{kind=\"DatabaseCluster\",controller=\"database\"}",
+        "cairn_reconcile_duration_seconds_count{kind=\"DatabaseCluster\",controller=\"database\"}",
+        "cairn_reconciles_in_flight{kind=\"DatabaseCluster\",controller=\"database\"}",
+        "cairn_objects_in_cache{kind=\"DatabaseCluster\",controller=\"database\"}",
+        "cairn_objects_in_cache{kind=\"StatefulSet\",controller=\"database\"}",
+        "cairn_leader{controller=\"database\"}",
+        "cairn_lease_transitions_total{controller=\"database\"}",
+    ] {
+        assert!(
+            sample(&metrics, series).is_some(),
+            "missing {series}:\n{metrics}"
+        );
+    }
+    assert_eq!(
+        sample(
+            &metrics,
+            "cairn_objects_in_cache{kind=\"DatabaseCluster\",controller=\"database\"}"
+        ),
+        Some(2.0)
+    );
+    assert!(
+        metrics.contains("cairn_build_info{git_commit="),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("\nprocess_resident_memory_bytes{controller=\"database\"}"),
+        "{metrics}"
+    );
+    for value in label_values(&metrics) {
+        assert!(
+            !["inventory", "payments", namespace.name.as_str()].contains(&value.as_str()),
+            "a label holds an object name: {value}"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_invalid_spec_is_reported_and_waits_for_a_change() -> Result<(), Error> {
+    let namespace = support::namespace("invalid").await?;
+    let account = support::install_rbac(&namespace, "invalid").await?;
+    // Short resync and backoff: a wrongly retried error would show at once.
+    let process = support::start(
+        &namespace,
+        "invalid",
+        &account,
+        &[
+            ("CAIRN_RESYNC_SECONDS", "10"),
+            ("CAIRN_BACKOFF_INITIAL_SECONDS", "1"),
+        ],
+    )?;
+    let clusters = namespace.api::<DatabaseCluster>();
+    let mut cluster = support::database_cluster("greedy", 1);
+    // Requests above limits: the schema cannot compare quantities.
+    cluster.spec.resources = Some(ResourceRequirements {
+        requests: Some(BTreeMap::from([("cpu".to_owned(), Quantity("2".into()))])),
+        limits: Some(BTreeMap::from([("cpu".to_owned(), Quantity("1".into()))])),
+        ..ResourceRequirements::default()
+    });
+    support::create(&clusters, &cluster).await?;
+    let reported = support::until_condition(
+        &clusters,
+        "greedy",
+        "Ready",
+        "False",
+        Duration::from_secs(30),
+    )
+    .await?;
+    let ready = reported
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+        .cloned()
+        .expect("Ready is set");
+    assert_eq!(ready.reason, "InvalidSpec");
+    assert!(
+        ready.message.contains("exceeds its limit"),
+        "{}",
+        ready.message
+    );
+
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = reconciles(&process).await?;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let retried = reconciles(&process).await? - before;
+    println!("reconciles of an invalid cluster in 30 s: {retried}");
+    assert_eq!(retried, 0.0, "an invalid spec is not retried");
+    let errors = process
+        .metric("cairn_reconcile_errors_total{kind=\"DatabaseCluster\",reason=\"invalid_spec\",controller=\"database\"}")
+        .await?;
+    assert!(errors.is_some_and(|n| n >= 1.0), "{errors:?}");
+
+    // Fixing the spec wakes it up.
+    clusters
+        .patch(
+            "greedy",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "resources": null } })),
+        )
+        .await?;
+    support::until_condition(
+        &clusters,
+        "greedy",
+        "Ready",
+        "True",
+        Duration::from_secs(60),
+    )
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,179 @@
+//! What the database controller's process tests share: the controller
+//! installed in a fresh namespace with its chart's RBAC, started as a real
+//! process that authenticates as the chart's ServiceAccount.
+
+#![allow(dead_code)] // each test binary uses part of it
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use cairn_api::database::v1::{DatabaseCluster, DatabaseClusterSpec, PostgresSpec, StorageSpec};
+use cairn_testing::process::ControllerProcess;
+use cairn_testing::{Error, LocalCluster, TestNamespace, audit, cluster, crds, wait};
+use kube::Api;
+use kube::api::PostParams;
+
+pub const CHART: &str = "cairn-database-controller";
+
+/// A namespace with the CRDs installed.
+pub async fn namespace(prefix: &str) -> Result<TestNamespace, Error> {
+    let namespace = cluster().namespace(prefix).await?;
+    let chart_crds = cairn_api::crds::by_chart()
+        .into_iter()
+        .find(|c| c.chart == CHART)
+        .map(|c| c.crds)
+        .unwrap_or_default();
+    crds::install(&namespace.client, &chart_crds).await?;
+    Ok(namespace)
+}
+
+/// Installs the chart's ServiceAccount and RBAC for Helm release `release`,
+/// scoped to `namespace` (value `watchNamespace`), and returns the account's
+/// name. The Deployment is not applied: the test runs the binary itself.
+pub async fn install_rbac(namespace: &TestNamespace, release: &str) -> Result<String, Error> {
+    let cluster = cluster();
+    let chart = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../charts")
+        .join(CHART);
+    let rendered = tokio::process::Command::new(cluster.bin_dir().join("helm"))
+        .args(["template", release])
+        .arg(&chart)
+        .args(["--namespace", &namespace.name])
+        .args(["--set", &format!("watchNamespace={}", namespace.name)])
+        // Certificates "mounted": no rights to patch CRDs are granted.
+        .args(["--set", "webhook.certificates.secretName=unused"])
+        .args(["--show-only", "templates/serviceaccount.yaml"])
+        .args(["--show-only", "templates/rbac.yaml"])
+        .output()
+        .await
+        .map_err(|e| Error::Setup(format!("helm: {e}")))?;
+    if !rendered.status.success() {
+        return Err(Error::Setup(format!(
+            "helm template failed: {}",
+            String::from_utf8_lossy(&rendered.stderr)
+        )));
+    }
+    let file = cluster
+        .state_dir()
+        .join(format!("rbac-{}-{release}.yaml", namespace.name));
+    std::fs::write(&file, &rendered.stdout).map_err(|e| Error::Setup(e.to_string()))?;
+    cluster
+        .kubectl(&[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            &file.to_string_lossy(),
+        ])
+        .await?;
+    Ok(if release.contains(CHART) {
+        release.to_owned()
+    } else {
+        format!("{release}-{CHART}")
+    })
+}
+
+/// Starts the controller as `account`, watching and leasing in `namespace`.
+pub fn start(
+    namespace: &TestNamespace,
+    name: &str,
+    account: &str,
+    env: &[(&str, &str)],
+) -> Result<ControllerProcess, Error> {
+    let cluster: &LocalCluster = cluster();
+    let kubeconfig = cluster.service_account_kubeconfig(&namespace.name, account)?;
+    let mut all_env = vec![
+        ("CAIRN_NAMESPACES", namespace.name.as_str()),
+        ("CAIRN_LEASE_NAMESPACE", namespace.name.as_str()),
+    ];
+    all_env.extend_from_slice(env);
+    ControllerProcess::start(
+        cluster,
+        Path::new(env!("CARGO_BIN_EXE_cairn-database-controller")),
+        &format!("{}-{name}", namespace.name),
+        &kubeconfig,
+        &all_env,
+    )
+}
+
+/// Waits until `process` answers `path` with `status`.
+pub async fn until_status(
+    process: &ControllerProcess,
+    path: &str,
+    status: u16,
+    timeout: Duration,
+) -> Result<(), Error> {
+    wait::until(
+        &format!("{} {path} = {status}", process.name),
+        timeout,
+        || async {
+            match process.get(path).await {
+                Ok((code, _)) if code == status => Ok(Some(())),
+                Ok((code, body)) => Err(format!("{code} {body}")),
+                Err(e) => Err(e.to_string()),
+            }
+        },
+    )
+    .await
+    .map_err(|e| Error::Setup(format!("{e}\nlog tail:\n{}", process.log_tail(20))))
+}
+
+/// A minimal cluster of `instances` PostgreSQL 17 instances.
+pub fn database_cluster(name: &str, instances: i32) -> DatabaseCluster {
+    DatabaseCluster::new(
+        name,
+        DatabaseClusterSpec {
+            instances,
+            postgres: PostgresSpec {
+                version: "17".into(),
+                image: None,
+                parameters: BTreeMap::new(),
+            },
+            storage: StorageSpec {
+                size: "1Gi".into(),
+                storage_class_name: None,
+            },
+            resources: None,
+            scheduling: None,
+            bootstrap: None,
+            paused: false,
+        },
+    )
+}
+
+pub async fn create(api: &Api<DatabaseCluster>, cluster: &DatabaseCluster) -> Result<(), Error> {
+    api.create(&PostParams::default(), cluster).await?;
+    Ok(())
+}
+
+/// Waits until cluster `name` reports condition `type_` with `status`.
+pub async fn until_condition(
+    api: &Api<DatabaseCluster>,
+    name: &str,
+    type_: &str,
+    status: &str,
+    timeout: Duration,
+) -> Result<DatabaseCluster, Error> {
+    wait::for_object(
+        api,
+        name,
+        &format!("{name} {type_}={status}"),
+        timeout,
+        |c| wait::condition_status(c, type_).as_deref() == Some(status),
+    )
+    .await
+}
+
+/// Write requests `user` made in `namespace`, from the audit log.
+pub fn writes_by(user: &str, namespace: &str) -> Result<Vec<audit::WriteRequest>, Error> {
+    Ok(audit::write_requests(&cluster().audit_log())?
+        .into_iter()
+        .filter(|w| w.user == user && w.namespace.as_deref() == Some(namespace))
+        .collect())
+}
+
+/// The user name the API server sees for ServiceAccount `namespace/account`.
+pub fn user(namespace: &TestNamespace, account: &str) -> String {
+    format!("system:serviceaccount:{}:{account}", namespace.name)
+}
