@@ -224,6 +224,7 @@ status:
 NODE
   done | kubectl_ apply -f - >/dev/null
   # Immediate binding: kwok pods have no kubelet to wait for a first consumer.
+  # `standard` (the default) allows volume expansion, `fixed` does not.
   kubectl_ apply -f - >/dev/null <<'SC'
 apiVersion: storage.k8s.io/v1
 kind: StorageClass
@@ -234,6 +235,16 @@ metadata:
 provisioner: kubernetes.io/host-path
 reclaimPolicy: Delete
 volumeBindingMode: Immediate
+allowVolumeExpansion: true
+---
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: fixed
+provisioner: kubernetes.io/host-path
+reclaimPolicy: Delete
+volumeBindingMode: Immediate
+allowVolumeExpansion: false
 SC
 }
 

@@ -296,10 +296,11 @@ pub fn disruption_budget(cluster: &DatabaseCluster) -> PodDisruptionBudget {
     }
 }
 
-/// The instances. Replicas, storage size and parameters change here; the
-/// claim template is immutable after creation (storage growth patches the
-/// claims themselves).
-pub fn stateful_set(cluster: &DatabaseCluster) -> StatefulSet {
+/// The instances. Replicas and parameters change here. The claim template is
+/// immutable once created, so `claim_size` is the size the existing
+/// StatefulSet was created with (storage growth patches the claims
+/// themselves); `None` for a new one.
+pub fn stateful_set(cluster: &DatabaseCluster, claim_size: Option<&str>) -> StatefulSet {
     let names = Names::of(cluster);
     let spec = &cluster.spec;
     let mut pod_labels = labels::standard(APP_NAME, &names.cluster, "database");
@@ -360,18 +361,43 @@ pub fn stateful_set(cluster: &DatabaseCluster) -> StatefulSet {
                 }),
                 spec: Some(pod),
             },
-            volume_claim_templates: Some(vec![data_claim(cluster)]),
+            volume_claim_templates: Some(vec![data_claim(cluster, claim_size)]),
+            // Claims outlive the cluster: deleting it must never delete data.
+            persistent_volume_claim_retention_policy: Some(
+                k8s_openapi::api::apps::v1::StatefulSetPersistentVolumeClaimRetentionPolicy {
+                    when_deleted: Some("Retain".to_owned()),
+                    when_scaled: Some("Retain".to_owned()),
+                },
+            ),
             ..StatefulSetSpec::default()
         }),
         ..StatefulSet::default()
     }
 }
 
-fn data_claim(cluster: &DatabaseCluster) -> PersistentVolumeClaim {
+/// The size a StatefulSet's data claim template asks for.
+pub fn claim_template_size(stateful_set: &StatefulSet) -> Option<String> {
+    stateful_set
+        .spec
+        .as_ref()?
+        .volume_claim_templates
+        .as_ref()?
+        .first()?
+        .spec
+        .as_ref()?
+        .resources
+        .as_ref()?
+        .requests
+        .as_ref()?
+        .get("storage")
+        .map(|q| q.0.clone())
+}
+
+fn data_claim(cluster: &DatabaseCluster, size: Option<&str>) -> PersistentVolumeClaim {
     PersistentVolumeClaim {
         metadata: ObjectMeta {
             name: Some("data".to_owned()),
-            labels: Some(selector_labels(cluster)),
+            labels: Some(labels::standard(APP_NAME, &cluster.name_any(), "data")),
             ..ObjectMeta::default()
         },
         spec: Some(PersistentVolumeClaimSpec {
@@ -380,7 +406,7 @@ fn data_claim(cluster: &DatabaseCluster) -> PersistentVolumeClaim {
             resources: Some(VolumeResourceRequirements {
                 requests: Some(BTreeMap::from([(
                     "storage".to_owned(),
-                    Quantity(cluster.spec.storage.size.clone()),
+                    Quantity(size.unwrap_or(&cluster.spec.storage.size).to_owned()),
                 )])),
                 ..VolumeResourceRequirements::default()
             }),
@@ -567,7 +593,7 @@ mod tests {
             credentials(&cluster, &mut random_password).metadata,
             service_account(&cluster).metadata,
             disruption_budget(&cluster).metadata,
-            stateful_set(&cluster).metadata,
+            stateful_set(&cluster, None).metadata,
         ];
         children.extend(services(&cluster).map(|s| s.metadata));
         for meta in children {
@@ -628,6 +654,21 @@ mod tests {
     }
 
     #[test]
+    fn the_claim_template_keeps_its_first_size() {
+        let mut grown = cluster(&[]);
+        grown.spec.storage.size = "2Gi".into();
+        let existing = stateful_set(&cluster(&[]), None);
+        let size = claim_template_size(&existing);
+        assert_eq!(size.as_deref(), Some("1Gi"));
+        let desired = stateful_set(&grown, size.as_deref());
+        assert_eq!(claim_template_size(&desired).as_deref(), Some("1Gi"));
+        assert_eq!(
+            claim_template_size(&stateful_set(&grown, None)).as_deref(),
+            Some("2Gi")
+        );
+    }
+
+    #[test]
     fn credentials_hold_distinct_random_passwords() {
         let secret = credentials(&cluster(&[]), &mut random_password);
         let data = secret.string_data.expect("data");
@@ -639,7 +680,7 @@ mod tests {
 
     #[test]
     fn the_pod_runs_restricted_with_the_role_in_the_downward_api() {
-        let sts = stateful_set(&cluster(&[]));
+        let sts = stateful_set(&cluster(&[]), None);
         let spec = sts.spec.expect("spec");
         assert_eq!(spec.replicas, Some(3));
         let pod = spec.template.spec.expect("pod");

@@ -12,6 +12,9 @@ pub enum Error {
     /// the spec changes.
     #[error("invalid spec: {0}")]
     InvalidSpec(String),
+    /// Something the cluster needs is not there yet; retried with backoff.
+    #[error("waiting for {0}")]
+    DependencyNotReady(String),
 }
 
 impl Classify for Error {
@@ -19,6 +22,7 @@ impl Classify for Error {
         match self {
             Self::Kube(_) => ErrorClass::Transient,
             Self::InvalidSpec(_) => ErrorClass::InvalidSpec,
+            Self::DependencyNotReady(_) => ErrorClass::DependencyNotReady,
         }
     }
 }

@@ -7,6 +7,7 @@
 
 pub mod build;
 pub mod error;
+pub mod metrics;
 pub mod reconcile;
 pub mod status;
 pub mod webhook;

@@ -4,12 +4,15 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use cairn_api::database::v1::DatabaseCluster;
+use cairn_database_controller::metrics::ClusterMetrics;
 use cairn_database_controller::reconcile::{self, Caches, Context};
 use cairn_database_controller::{MANAGER, build, webhook};
 use cairn_runtime::config::Config;
 use cairn_runtime::manager::{BuildInfo, Manager};
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
+};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 use kube::runtime::controller::Controller;
@@ -58,7 +61,8 @@ async fn main() -> ExitCode {
     let secrets = manager.cache(manager.api::<Secret>(), children.clone());
     let service_accounts = manager.cache(manager.api::<ServiceAccount>(), children.clone());
     let disruption_budgets = manager.cache(manager.api::<PodDisruptionBudget>(), children.clone());
-    let pods = manager.cache(manager.api::<Pod>(), children);
+    let pods = manager.cache(manager.api::<Pod>(), children.clone());
+    let claims = manager.cache(manager.api::<PersistentVolumeClaim>(), children);
 
     let context = Arc::new(Context {
         client: manager.client.clone(),
@@ -71,9 +75,23 @@ async fn main() -> ExitCode {
             service_accounts: service_accounts.store(),
             disruption_budgets: disruption_budgets.store(),
             pods: pods.store(),
+            claims: claims.store(),
         },
     });
     let cluster_store = clusters.store();
+    match ClusterMetrics::register(&manager.metrics.registry) {
+        Ok(metrics) => {
+            let store = cluster_store.clone();
+            tokio::spawn(async move {
+                let mut every = tokio::time::interval(std::time::Duration::from_secs(10));
+                loop {
+                    every.tick().await;
+                    metrics.refresh(&store.state());
+                }
+            });
+        }
+        Err(e) => tracing::error!(error = %e, "cannot register the cluster metrics"),
+    }
     let controller =
         Controller::for_shared_stream(clusters.trigger_on_spec_change(), cluster_store)
             .owns_shared_stream(stateful_sets.trigger())

@@ -4,14 +4,18 @@
 
 use std::sync::Arc;
 
+use cairn_api::backup::v1::{Backup, BackupPhase};
 use cairn_api::database::v1::{DatabaseCluster, DatabaseClusterStatus};
 use cairn_api::validate;
 use cairn_runtime::apply::apply;
 use cairn_runtime::conditions::Time;
 use cairn_runtime::events;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
+};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
@@ -43,6 +47,7 @@ pub struct Caches {
     pub service_accounts: Store<ServiceAccount>,
     pub disruption_budgets: Store<PodDisruptionBudget>,
     pub pods: Store<Pod>,
+    pub claims: Store<PersistentVolumeClaim>,
 }
 
 pub async fn reconcile(cluster: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -61,6 +66,15 @@ pub async fn reconcile(cluster: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Resu
         write_status(&ctx, &cluster, status::invalid(&cluster, &message, &now)).await?;
         return Err(Error::InvalidSpec(message));
     }
+    if let Err((reason, message)) = bootstrap_source(&ctx, &cluster).await? {
+        write_status(
+            &ctx,
+            &cluster,
+            status::waiting(&cluster, reason, &message, &now),
+        )
+        .await?;
+        return Err(Error::DependencyNotReady(message));
+    }
     if cluster.spec.paused {
         write_status(&ctx, &cluster, status::paused(&cluster, &now)).await?;
         return Ok(Action::await_change());
@@ -68,14 +82,62 @@ pub async fn reconcile(cluster: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Resu
     let stateful_set = apply_children(&ctx, &cluster).await?;
     let primary = primary(&cluster);
     label_roles(&ctx, &cluster, &primary).await?;
+    let blocked_storage = grow_storage(&ctx, &cluster).await?;
     let instances = Instances::of(Some(&stateful_set));
-    write_status(
-        &ctx,
-        &cluster,
-        status::observe(&cluster, instances, &primary, &now),
-    )
-    .await?;
+    let mut observed = status::observe(&cluster, instances, &primary, &now);
+    if let Some(class) = blocked_storage {
+        status::storage_not_expandable(&mut observed, &cluster, &class, &now);
+    }
+    write_status(&ctx, &cluster, observed).await?;
     Ok(Action::await_change())
+}
+
+/// Whether the Backup a new cluster restores from is there and complete;
+/// otherwise the reason and message to report. Checked only until the
+/// cluster has instances: afterwards the backup has done its work.
+async fn bootstrap_source(
+    ctx: &Context,
+    cluster: &DatabaseCluster,
+) -> Result<Result<(), (&'static str, String)>, Error> {
+    let Some(source) = cluster
+        .spec
+        .bootstrap
+        .as_ref()
+        .and_then(|b| b.from_backup.as_ref())
+    else {
+        return Ok(Ok(()));
+    };
+    let namespace = cluster.namespace().unwrap_or_default();
+    if ctx
+        .caches
+        .stateful_sets
+        .get(&ObjectRef::new(&cluster.name_any()).within(&namespace))
+        .is_some()
+    {
+        return Ok(Ok(()));
+    }
+    let backups = Api::<Backup>::namespaced(ctx.client.clone(), &namespace);
+    Ok(match backups.get_opt(&source.name).await? {
+        None => Err((
+            status::reason::BACKUP_NOT_FOUND,
+            format!(
+                "spec.bootstrap.fromBackup: Backup {:?} does not exist in {namespace}",
+                source.name
+            ),
+        )),
+        Some(backup)
+            if backup.status.as_ref().and_then(|s| s.phase) != Some(BackupPhase::Completed) =>
+        {
+            Err((
+                status::reason::BACKUP_NOT_COMPLETED,
+                format!(
+                    "spec.bootstrap.fromBackup: Backup {:?} has not completed",
+                    source.name
+                ),
+            ))
+        }
+        Some(_) => Ok(()),
+    })
 }
 
 /// The pod running the primary: the one recorded in the status, or ordinal 0
@@ -117,13 +179,65 @@ async fn apply_children(ctx: &Context, cluster: &DatabaseCluster) -> Result<Stat
         build::disruption_budget(cluster),
     )
     .await?;
-    apply_child(
-        ctx,
-        cluster,
-        &caches.stateful_sets,
-        build::stateful_set(cluster),
-    )
-    .await
+    let namespace = cluster.namespace().unwrap_or_default();
+    let existing = caches
+        .stateful_sets
+        .get(&ObjectRef::new(&cluster.name_any()).within(&namespace));
+    let claim_size = existing.as_deref().and_then(build::claim_template_size);
+    let desired = build::stateful_set(cluster, claim_size.as_deref());
+    apply_child(ctx, cluster, &caches.stateful_sets, desired).await
+}
+
+/// Grows each instance's claim to `spec.storage.size` (claims only grow; the
+/// schema rejects a shrink). Returns the StorageClass that refuses expansion,
+/// if one does; nothing is patched then.
+async fn grow_storage(ctx: &Context, cluster: &DatabaseCluster) -> Result<Option<String>, Error> {
+    let namespace = cluster.namespace().unwrap_or_default();
+    let name = cluster.name_any();
+    let Some(wanted) = validate::parse_quantity(&cluster.spec.storage.size) else {
+        return Ok(None); // the schema only admits valid quantities
+    };
+    let small: Vec<_> = ctx
+        .caches
+        .claims
+        .state_filter(|claim| {
+            claim.namespace().as_deref() == Some(namespace.as_str())
+                && claim.labels().get("app.kubernetes.io/instance") == Some(&name)
+        })
+        .into_iter()
+        .filter(|claim| requested_storage(claim).is_some_and(|size| size < wanted))
+        .collect();
+    let classes = Api::<StorageClass>::all(ctx.client.clone());
+    let claims = Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), &namespace);
+    for claim in small {
+        let class = claim
+            .spec
+            .as_ref()
+            .and_then(|s| s.storage_class_name.clone())
+            .unwrap_or_default();
+        let expandable = classes
+            .get_opt(&class)
+            .await?
+            .and_then(|c| c.allow_volume_expansion)
+            .unwrap_or(false);
+        if !expandable {
+            return Ok(Some(class));
+        }
+        let patch = json!({ "spec": { "resources": { "requests": { "storage": cluster.spec.storage.size } } } });
+        claims
+            .patch(
+                &claim.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+    }
+    Ok(None)
+}
+
+fn requested_storage(claim: &PersistentVolumeClaim) -> Option<i128> {
+    let requests = claim.spec.as_ref()?.resources.as_ref()?.requests.as_ref()?;
+    validate::parse_quantity(&requests.get("storage")?.0)
 }
 
 async fn apply_child<K>(

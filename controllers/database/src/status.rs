@@ -26,6 +26,9 @@ pub mod reason {
     pub const HEALTHY: &str = "Healthy";
     pub const INVALID_SPEC: &str = "InvalidSpec";
     pub const PAUSED: &str = "Paused";
+    pub const BACKUP_NOT_FOUND: &str = "BackupNotFound";
+    pub const BACKUP_NOT_COMPLETED: &str = "BackupNotCompleted";
+    pub const STORAGE_EXPANSION_NOT_SUPPORTED: &str = "StorageExpansionNotSupported";
 }
 
 /// What the StatefulSet reports, reduced to what the status needs.
@@ -147,6 +150,53 @@ pub fn invalid(cluster: &DatabaseCluster, message: &str, now: &Time) -> Database
         ),
     );
     status.phase = Some(DatabaseClusterPhase::Failed);
+    status
+}
+
+/// Marks a requested storage growth the StorageClass `class` cannot do:
+/// `Progressing=False` with the reason, until the size is set back or the
+/// class allows expansion.
+pub fn storage_not_expandable(
+    status: &mut DatabaseClusterStatus,
+    cluster: &DatabaseCluster,
+    class: &str,
+    now: &Time,
+) {
+    conditions::set(
+        &mut status.conditions,
+        conditions::new(
+            PROGRESSING,
+            false,
+            reason::STORAGE_EXPANSION_NOT_SUPPORTED,
+            format!(
+                "spec.storage.size is {}, but StorageClass {class:?} does not allow volume expansion: the volumes keep their size",
+                cluster.spec.storage.size
+            ),
+            cluster.metadata.generation,
+            now.clone(),
+        ),
+    );
+}
+
+/// The status of a cluster waiting for something it needs (`reason` says
+/// what); nothing is created until it is there.
+pub fn waiting(
+    cluster: &DatabaseCluster,
+    reason: &str,
+    message: &str,
+    now: &Time,
+) -> DatabaseClusterStatus {
+    let mut status = base(cluster);
+    let generation = cluster.metadata.generation;
+    conditions::set(
+        &mut status.conditions,
+        conditions::new(READY, false, reason, message, generation, now.clone()),
+    );
+    conditions::set(
+        &mut status.conditions,
+        conditions::new(PROGRESSING, true, reason, message, generation, now.clone()),
+    );
+    status.phase = Some(DatabaseClusterPhase::Creating);
     status
 }
 

@@ -115,11 +115,14 @@ impl Drop for TestNamespace {
                 .map_err(|e| e.to_string())?;
             runtime.block_on(async {
                 let client = cluster.admin_client().await.map_err(|e| e.to_string())?;
-                Api::<Namespace>::all(client)
+                match Api::<Namespace>::all(client)
                     .delete(&name, &DeleteParams::background())
                     .await
-                    .map(drop)
-                    .map_err(|e| e.to_string())
+                {
+                    // The test deleted it itself.
+                    Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+                    other => other.map(drop).map_err(|e| e.to_string()),
+                }
             })
         })
         .join();

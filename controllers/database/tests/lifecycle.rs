@@ -1,0 +1,446 @@
+//! A DatabaseCluster's life with the controller running as a real process
+//! under its chart's RBAC: creation, scaling, storage growth, configuration
+//! changes, drift repair, credentials kept, deletion; many clusters through a
+//! controller restart, then two idle minutes without a write.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use cairn_api::database::v1::DatabaseCluster;
+use cairn_database_controller::build::{RESTART_DIGEST_ANNOTATION, ROLE_LABEL};
+use cairn_testing::{Error, TestNamespace, cluster, wait};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{
+    ConfigMap, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
+};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+
+const LONG: Duration = Duration::from_secs(90);
+
+async fn patch_spec(
+    api: &Api<DatabaseCluster>,
+    name: &str,
+    spec: serde_json::Value,
+) -> Result<(), Error> {
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "spec": spec })),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Waits until the cluster reports `ready` ready instances of its current
+/// generation and `Ready=True`.
+async fn until_ready(
+    api: &Api<DatabaseCluster>,
+    name: &str,
+    ready: i32,
+) -> Result<DatabaseCluster, Error> {
+    wait::for_object(
+        api,
+        name,
+        &format!("{name}: {ready} ready instances"),
+        LONG,
+        |c| {
+            let Some(status) = &c.status else {
+                return false;
+            };
+            status.observed_generation == c.metadata.generation
+                && status.ready_instances == Some(ready)
+                && wait::condition_status(c, "Ready").as_deref() == Some("True")
+        },
+    )
+    .await
+}
+
+async fn pods(namespace: &TestNamespace, cluster: &str) -> Result<BTreeMap<String, Pod>, Error> {
+    let list = namespace
+        .api::<Pod>()
+        .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={cluster}")))
+        .await?;
+    Ok(list.items.into_iter().map(|p| (p.name_any(), p)).collect())
+}
+
+fn owned_by(meta: &kube::api::ObjectMeta, cluster: &DatabaseCluster) -> bool {
+    meta.owner_references
+        .iter()
+        .flatten()
+        .any(|o| Some(&o.uid) == cluster.meta().uid.as_ref() && o.controller == Some(true))
+}
+
+async fn passwords(
+    namespace: &TestNamespace,
+    cluster: &str,
+) -> Result<BTreeMap<String, Vec<u8>>, Error> {
+    let secret = namespace
+        .api::<Secret>()
+        .get(&format!("{cluster}-credentials"))
+        .await?;
+    Ok(secret
+        .data
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (k, v.0))
+        .collect())
+}
+
+#[tokio::test]
+async fn a_cluster_is_created_scaled_grown_reconfigured_repaired_and_deleted() -> Result<(), Error>
+{
+    let namespace = support::namespace("lifecycle").await?;
+    let account = support::install_rbac(&namespace, "lifecycle").await?;
+    let mut controller = support::start(&namespace, "lifecycle", &account, &[])?;
+    let clusters = namespace.api::<DatabaseCluster>();
+
+    // Created: Ready, Running, every child owned by it.
+    support::create(&clusters, &support::database_cluster("orders", 3)).await?;
+    let orders = until_ready(&clusters, "orders", 3).await?;
+    let status = orders.status.clone().expect("status");
+    assert_eq!(format!("{:?}", status.phase), "Some(Running)");
+    assert_eq!(status.current_primary.as_deref(), Some("orders-0"));
+    assert_eq!(
+        status.credentials_secret.as_deref(),
+        Some("orders-credentials")
+    );
+    let children = [
+        namespace.api::<StatefulSet>().get("orders").await?.metadata,
+        namespace
+            .api::<ConfigMap>()
+            .get("orders-config")
+            .await?
+            .metadata,
+        namespace
+            .api::<Secret>()
+            .get("orders-credentials")
+            .await?
+            .metadata,
+        namespace.api::<Service>().get("orders-rw").await?.metadata,
+        namespace.api::<Service>().get("orders-ro").await?.metadata,
+        namespace.api::<Service>().get("orders").await?.metadata,
+        namespace
+            .api::<ServiceAccount>()
+            .get("orders")
+            .await?
+            .metadata,
+        namespace
+            .api::<PodDisruptionBudget>()
+            .get("orders")
+            .await?
+            .metadata,
+    ];
+    for child in &children {
+        assert!(
+            owned_by(child, &orders),
+            "{:?} is not owned by the cluster",
+            child.name
+        );
+    }
+    let roles: BTreeMap<String, String> = pods(&namespace, "orders")
+        .await?
+        .into_iter()
+        .map(|(name, pod)| {
+            (
+                name,
+                pod.labels().get(ROLE_LABEL).cloned().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(roles["orders-0"], "primary");
+    assert_eq!(
+        (roles["orders-1"].as_str(), roles["orders-2"].as_str()),
+        ("replica", "replica")
+    );
+    let table = cluster()
+        .kubectl(&["get", "dbc", "-n", &namespace.name])
+        .await?
+        .stdout;
+    println!("{table}");
+    assert!(
+        table.contains("INSTANCES   READY   PHASE     PRIMARY"),
+        "{table}"
+    );
+    assert!(
+        table
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .windows(5)
+            .any(|w| w == ["orders", "3", "3", "Running", "orders-0"]),
+        "{table}"
+    );
+    let secrets_before = passwords(&namespace, "orders").await?;
+
+    // Scaled through the scale subresource: up to 5, down to 2 (the highest
+    // ordinals go; the primary stays).
+    for (replicas, expected) in [("5", 5), ("2", 2)] {
+        cluster()
+            .kubectl(&[
+                "scale",
+                "dbc/orders",
+                "-n",
+                &namespace.name,
+                &format!("--replicas={replicas}"),
+            ])
+            .await?;
+        until_ready(&clusters, "orders", expected).await?;
+    }
+    wait::until("pods orders-2..4 gone", LONG, || async {
+        let names: Vec<String> = pods(&namespace, "orders")
+            .await
+            .map_err(|e| e.to_string())?
+            .into_keys()
+            .collect();
+        Ok((names == ["orders-0", "orders-1"])
+            .then_some(())
+            .ok_or(format!("{names:?}"))
+            .ok())
+    })
+    .await?;
+
+    // Storage grows by patching the claims; a shrink is refused by the schema.
+    patch_spec(&clusters, "orders", json!({ "storage": { "size": "2Gi" } })).await?;
+    let claims = namespace.api::<PersistentVolumeClaim>();
+    for claim in ["data-orders-0", "data-orders-1"] {
+        wait::for_object(&claims, claim, "2Gi requested", LONG, |c| {
+            c.spec
+                .as_ref()
+                .and_then(|s| s.resources.as_ref())
+                .and_then(|r| r.requests.as_ref())
+                .and_then(|r| r.get("storage"))
+                .map(|q| q.0.as_str())
+                == Some("2Gi")
+        })
+        .await?;
+    }
+    let shrink = patch_spec(&clusters, "orders", json!({ "storage": { "size": "1Gi" } })).await;
+    let message = format!("{shrink:?}");
+    assert!(message.contains("cannot shrink"), "{message}");
+
+    // A reloadable setting restarts nothing; a restart-only one rolls the
+    // pods one at a time, the replica before the primary.
+    let before: BTreeMap<String, String> = pods(&namespace, "orders")
+        .await?
+        .into_iter()
+        .map(|(n, p)| (n, p.uid().unwrap_or_default()))
+        .collect();
+    patch_spec(
+        &clusters,
+        "orders",
+        json!({ "postgres": { "parameters": { "work_mem": "64MB" } } }),
+    )
+    .await?;
+    wait::for_object(
+        &namespace.api::<ConfigMap>(),
+        "orders-config",
+        "work_mem in postgresql.conf",
+        LONG,
+        |cm| {
+            cm.data
+                .as_ref()
+                .and_then(|d| d.get("postgresql.conf"))
+                .is_some_and(|c| c.contains("work_mem = '64MB'"))
+        },
+    )
+    .await?;
+    until_ready(&clusters, "orders", 2).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after: BTreeMap<String, String> = pods(&namespace, "orders")
+        .await?
+        .into_iter()
+        .map(|(n, p)| (n, p.uid().unwrap_or_default()))
+        .collect();
+    assert_eq!(before, after, "a reloadable change restarts no pod");
+
+    patch_spec(
+        &clusters,
+        "orders",
+        json!({ "postgres": { "parameters": { "shared_buffers": "256MB" } } }),
+    )
+    .await?;
+    let mut order = Vec::new();
+    let started = Instant::now();
+    while order.len() < 2 && started.elapsed() < LONG {
+        for (name, pod) in pods(&namespace, "orders").await? {
+            if before.get(&name) != pod.uid().as_ref() && !order.contains(&name) {
+                order.push(name);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!("restart order: {order:?}");
+    assert_eq!(
+        order,
+        ["orders-1", "orders-0"],
+        "replicas roll before the primary"
+    );
+    let rolled = until_ready(&clusters, "orders", 2).await?;
+    let digest = namespace
+        .api::<StatefulSet>()
+        .get("orders")
+        .await?
+        .spec
+        .and_then(|s| s.template.metadata)
+        .and_then(|m| m.annotations)
+        .and_then(|a| a.get(RESTART_DIGEST_ANNOTATION).cloned());
+    assert!(digest.is_some());
+    let _ = rolled;
+
+    // Drift is repaired within 10 s.
+    let drift = Duration::from_secs(10);
+    namespace
+        .api::<Service>()
+        .delete("orders-rw", &DeleteParams::default())
+        .await?;
+    wait::for_object(
+        &namespace.api::<Service>(),
+        "orders-rw",
+        "orders-rw restored",
+        drift,
+        |s| s.metadata.deletion_timestamp.is_none(),
+    )
+    .await?;
+    namespace
+        .api::<StatefulSet>()
+        .patch(
+            "orders",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "replicas": 4 } })),
+        )
+        .await?;
+    wait::for_object(
+        &namespace.api::<StatefulSet>(),
+        "orders",
+        "replicas back to 2",
+        drift,
+        |s| s.spec.as_ref().and_then(|s| s.replicas) == Some(2),
+    )
+    .await?;
+    namespace
+        .api::<ConfigMap>()
+        .delete("orders-config", &DeleteParams::default())
+        .await?;
+    wait::for_object(
+        &namespace.api::<ConfigMap>(),
+        "orders-config",
+        "orders-config restored",
+        drift,
+        |c| c.metadata.deletion_timestamp.is_none(),
+    )
+    .await?;
+
+    // The passwords survive reconciles and a controller restart.
+    controller.terminate()?;
+    controller.wait(Duration::from_secs(30)).await?;
+    let _restarted = support::start(&namespace, "lifecycle-again", &account, &[])?;
+    patch_spec(
+        &clusters,
+        "orders",
+        json!({ "postgres": { "parameters": { "work_mem": "32MB" } } }),
+    )
+    .await?;
+    until_ready(&clusters, "orders", 2).await?;
+    assert_eq!(
+        passwords(&namespace, "orders").await?,
+        secrets_before,
+        "credentials never change"
+    );
+
+    // Deleting the cluster removes its children and keeps the data.
+    clusters.delete("orders", &DeleteParams::default()).await?;
+    wait::for_deletion(&namespace.api::<StatefulSet>(), "orders", LONG).await?;
+    wait::for_deletion(&namespace.api::<Secret>(), "orders-credentials", LONG).await?;
+    wait::for_deletion(&namespace.api::<Service>(), "orders-rw", LONG).await?;
+    wait::for_deletion(&namespace.api::<ConfigMap>(), "orders-config", LONG).await?;
+    let kept: Vec<String> = claims
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(|c| c.name_any())
+        .collect();
+    assert!(kept.contains(&"data-orders-0".to_owned()), "{kept:?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn twenty_clusters_converge_through_a_restart_then_idle_without_writes() -> Result<(), Error>
+{
+    let namespace = support::namespace("many").await?;
+    let account = support::install_rbac(&namespace, "many").await?;
+    let first = support::start(&namespace, "many", &account, &[])?;
+    let clusters = namespace.api::<DatabaseCluster>();
+    let names: Vec<String> = (0..20).map(|i| format!("db-{i:02}")).collect();
+    for name in &names {
+        support::create(&clusters, &support::database_cluster(name, 1)).await?;
+    }
+    // Killed in the middle of creating them, then started again.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    first.kill()?;
+    let controller = support::start(&namespace, "many-again", &account, &[])?;
+    let started = Instant::now();
+    for name in &names {
+        until_ready(&clusters, name, 1).await?;
+    }
+    println!(
+        "20 clusters Ready {} ms after the restart",
+        started.elapsed().as_millis()
+    );
+
+    // Every child belongs to exactly one existing cluster.
+    let uids: Vec<String> = clusters
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter_map(|c| c.uid())
+        .collect();
+    let owned = |meta: &kube::api::ObjectMeta| {
+        meta.owner_references
+            .iter()
+            .flatten()
+            .filter(|o| uids.contains(&o.uid))
+            .count()
+            == 1
+    };
+    let selector = ListParams::default().labels("app.kubernetes.io/managed-by=cairn");
+    let sets = namespace.api::<StatefulSet>().list(&selector).await?.items;
+    assert_eq!(sets.len(), 20);
+    assert!(sets.iter().all(|s| owned(&s.metadata)));
+    let services = namespace.api::<Service>().list(&selector).await?.items;
+    assert_eq!(services.len(), 60);
+    assert!(services.iter().all(|s| owned(&s.metadata)));
+    let secrets = namespace.api::<Secret>().list(&selector).await?.items;
+    assert_eq!(secrets.len(), 20);
+    assert!(secrets.iter().all(|s| owned(&s.metadata)));
+
+    // Two idle minutes: no write from the controller's account.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let user = support::user(&namespace, &account);
+    let before = support::writes_by(&user, &namespace.name)?.len();
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let idle: Vec<_> = support::writes_by(&user, &namespace.name)?
+        .into_iter()
+        .skip(before)
+        .filter(|w| w.resource != "leases")
+        .collect();
+    println!(
+        "writes in two idle minutes with 20 clusters: {}",
+        idle.len()
+    );
+    assert_eq!(idle, vec![]);
+    drop(controller);
+
+    // Deleting the namespace with its clusters completes.
+    let name = namespace.name.clone();
+    let all = Api::<k8s_openapi::api::core::v1::Namespace>::all(namespace.client.clone());
+    all.delete(&name, &DeleteParams::default()).await?;
+    wait::for_deletion(&all, &name, Duration::from_secs(120)).await?;
+    Ok(())
+}
