@@ -4,7 +4,6 @@
 
 mod support;
 
-use std::path::Path;
 use std::time::Duration;
 
 use cairn_testing::{Error, cluster, wait};
@@ -15,28 +14,9 @@ use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
 async fn render(namespace: &str, extra: &[&str]) -> Result<std::path::PathBuf, Error> {
-    let chart = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../charts")
-        .join(support::CHART);
-    let output = tokio::process::Command::new(cluster().bin_dir().join("helm"))
-        .args(["template", "chart-test"])
-        .arg(&chart)
-        .args(["--namespace", namespace])
-        .args(extra)
-        .output()
+    cluster()
+        .helm_template(support::CHART, "chart-test", namespace, extra)
         .await
-        .map_err(|e| Error::Setup(format!("helm: {e}")))?;
-    if !output.status.success() {
-        return Err(Error::Setup(format!(
-            "helm template failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        )));
-    }
-    let file = cluster()
-        .state_dir()
-        .join(format!("chart-{namespace}.yaml"));
-    std::fs::write(&file, &output.stdout).map_err(|e| Error::Setup(e.to_string()))?;
-    Ok(file)
 }
 
 #[tokio::test]

@@ -444,3 +444,91 @@ async fn twenty_clusters_converge_through_a_restart_then_idle_without_writes() -
     wait::for_deletion(&all, &name, Duration::from_secs(120)).await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_paused_cluster_and_a_fixed_storage_class_say_so() -> Result<(), Error> {
+    let namespace = support::namespace("paused").await?;
+    let account = support::install_rbac(&namespace, "paused").await?;
+    let _controller = support::start(&namespace, "paused", &account, &[])?;
+    let clusters = namespace.api::<DatabaseCluster>();
+
+    // Storage on a class without volume expansion: nothing patched, a reason.
+    let mut fixed = support::database_cluster("fixed", 1);
+    fixed.spec.storage.storage_class_name = Some("fixed".into());
+    support::create(&clusters, &fixed).await?;
+    until_ready(&clusters, "fixed", 1).await?;
+    patch_spec(&clusters, "fixed", json!({ "storage": { "size": "2Gi" } })).await?;
+    let blocked = wait::for_object(
+        &clusters,
+        "fixed",
+        "StorageExpansionNotSupported",
+        LONG,
+        |c| {
+            c.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Progressing" && c.reason == "StorageExpansionNotSupported")
+            })
+        },
+    )
+    .await?;
+    let message = blocked
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Progressing"))
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    assert!(message.contains("\"fixed\""), "{message}");
+    let claim = namespace
+        .api::<PersistentVolumeClaim>()
+        .get("data-fixed-0")
+        .await?;
+    let requested = claim
+        .spec
+        .and_then(|s| s.resources)
+        .and_then(|r| r.requests)
+        .and_then(|r| r.get("storage").cloned());
+    assert_eq!(
+        requested.map(|q| q.0).as_deref(),
+        Some("1Gi"),
+        "not patched"
+    );
+
+    // Paused: the phase says so, a deleted child stays deleted until resumed.
+    support::create(&clusters, &support::database_cluster("held", 1)).await?;
+    until_ready(&clusters, "held", 1).await?;
+    patch_spec(&clusters, "held", json!({ "paused": true })).await?;
+    wait::for_object(&clusters, "held", "phase Paused", LONG, |c| {
+        c.status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .map(|p| format!("{p:?}"))
+            .as_deref()
+            == Some("Paused")
+    })
+    .await?;
+    namespace
+        .api::<ConfigMap>()
+        .delete("held-config", &DeleteParams::default())
+        .await?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        namespace
+            .api::<ConfigMap>()
+            .get_opt("held-config")
+            .await?
+            .is_none(),
+        "a paused cluster's children are left alone"
+    );
+    patch_spec(&clusters, "held", json!({ "paused": false })).await?;
+    wait::for_object(
+        &namespace.api::<ConfigMap>(),
+        "held-config",
+        "held-config restored",
+        LONG,
+        |_| true,
+    )
+    .await?;
+    until_ready(&clusters, "held", 1).await?;
+    Ok(())
+}

@@ -19,6 +19,7 @@ pub mod audit;
 mod cluster;
 pub mod crds;
 mod error;
+pub mod helm;
 pub mod https;
 mod namespace;
 pub mod process;

@@ -32,41 +32,25 @@ pub async fn namespace(prefix: &str) -> Result<TestNamespace, Error> {
 /// scoped to `namespace` (value `watchNamespace`), and returns the account's
 /// name. The Deployment is not applied: the test runs the binary itself.
 pub async fn install_rbac(namespace: &TestNamespace, release: &str) -> Result<String, Error> {
-    let cluster = cluster();
-    let chart = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../charts")
-        .join(CHART);
-    let rendered = tokio::process::Command::new(cluster.bin_dir().join("helm"))
-        .args(["template", release])
-        .arg(&chart)
-        .args(["--namespace", &namespace.name])
-        .args(["--set", &format!("watchNamespace={}", namespace.name)])
-        // Certificates "mounted": no rights to patch CRDs are granted.
-        .args(["--set", "webhook.certificates.secretName=unused"])
-        .args(["--show-only", "templates/serviceaccount.yaml"])
-        .args(["--show-only", "templates/rbac.yaml"])
-        .output()
-        .await
-        .map_err(|e| Error::Setup(format!("helm: {e}")))?;
-    if !rendered.status.success() {
-        return Err(Error::Setup(format!(
-            "helm template failed: {}",
-            String::from_utf8_lossy(&rendered.stderr)
-        )));
-    }
-    let file = cluster
-        .state_dir()
-        .join(format!("rbac-{}-{release}.yaml", namespace.name));
-    std::fs::write(&file, &rendered.stdout).map_err(|e| Error::Setup(e.to_string()))?;
-    cluster
-        .kubectl(&[
-            "apply",
-            "--server-side",
-            "--force-conflicts",
-            "-f",
-            &file.to_string_lossy(),
-        ])
+    let file = cluster()
+        .helm_template(
+            CHART,
+            release,
+            &namespace.name,
+            &[
+                "--set",
+                &format!("watchNamespace={}", namespace.name),
+                // Certificates "mounted": no rights to patch CRDs are granted.
+                "--set",
+                "webhook.certificates.secretName=unused",
+                "--show-only",
+                "templates/serviceaccount.yaml",
+                "--show-only",
+                "templates/rbac.yaml",
+            ],
+        )
         .await?;
+    cluster().apply_file(&file).await?;
     Ok(if release.contains(CHART) {
         release.to_owned()
     } else {

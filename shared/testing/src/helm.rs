@@ -1,0 +1,59 @@
+//! Rendering the project's Helm charts with the pinned helm, and applying
+//! what they render, so tests run with exactly what a chart installs.
+
+use std::path::{Path, PathBuf};
+
+use crate::{Error, LocalCluster};
+
+/// The folder of chart `name` in this repository.
+pub fn chart_dir(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../charts")
+        .join(name)
+}
+
+impl LocalCluster {
+    /// `helm template RELEASE charts/CHART --namespace NAMESPACE ARGS…`,
+    /// written to a file in the cluster's state folder; returns its path.
+    pub async fn helm_template(
+        &self,
+        chart: &str,
+        release: &str,
+        namespace: &str,
+        args: &[&str],
+    ) -> Result<PathBuf, Error> {
+        let output = tokio::process::Command::new(self.bin_dir().join("helm"))
+            .args(["template", release])
+            .arg(chart_dir(chart))
+            .args(["--namespace", namespace])
+            .args(args)
+            .output()
+            .await
+            .map_err(|e| Error::Setup(format!("helm: {e}")))?;
+        if !output.status.success() {
+            return Err(Error::Setup(format!(
+                "helm template {chart} failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            )));
+        }
+        let file = self
+            .state_dir()
+            .join(format!("helm-{namespace}-{release}.yaml"));
+        std::fs::write(&file, &output.stdout)
+            .map_err(|e| Error::Setup(format!("{}: {e}", file.display())))?;
+        Ok(file)
+    }
+
+    /// Server-side applies the objects in `file` (as the admin).
+    pub async fn apply_file(&self, file: &Path) -> Result<(), Error> {
+        self.kubectl(&[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            &file.to_string_lossy(),
+        ])
+        .await
+        .map(drop)
+    }
+}
