@@ -11,6 +11,10 @@
 #   hack/local-cluster.sh stop-apiserver|start-apiserver [STATE_DIR]
 #                                            take the API server away and back
 #                                            (tests of clients' resilience)
+#   hack/local-cluster.sh start-process STATE_DIR NAME COMMAND...
+#                                            run a client of the cluster (a
+#                                            controller) with the components:
+#                                            logs/NAME.log, stopped by `down`
 #
 # STATE_DIR defaults to $CAIRN_CACHE/clusters/dev. It holds certificates, the
 # admin kubeconfig, the etcd data, logs and pid files; `env` lists what is where.
@@ -22,7 +26,7 @@ SERVICE_CIDR=10.96.0.0/16
 SERVICE_API_IP=10.96.0.1
 START_TIMEOUT=${CAIRN_START_TIMEOUT:-90}
 
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 
 # free_ports N: N distinct free loopback ports. All sockets are held open until
 # every port is chosen, so no two of them coincide.
@@ -323,8 +327,16 @@ down_quietly() {
       -o jsonpath='{range .items[*]}{.spec.hostPath.path}{"\n"}{end}' 2>/dev/null || true)
     rmdir --ignore-fail-on-non-empty /tmp/hostpath_pv 2>/dev/null || true
   fi
-  # Clients before servers: etcd last, so the API server can shut down cleanly.
-  local name
+  # Clients before servers: processes started with start-process first, etcd
+  # last, so the API server can shut down cleanly.
+  local name file
+  for file in "$STATE"/pids/*.pid; do
+    [[ -e "$file" ]] || continue
+    name=$(basename "$file" .pid)
+    case $name in kwok | kube-scheduler | kube-controller-manager | moto | kube-apiserver | etcd) ;;
+      *) stop_component "$name" ;;
+    esac
+  done
   for name in kwok kube-scheduler kube-controller-manager moto kube-apiserver etcd; do
     stop_component "$name"
   done
@@ -376,6 +388,17 @@ restart_apiserver() { # stop|start
   esac
 }
 
+# start-process NAME COMMAND...: replaces a running process of that name.
+start_process() {
+  running || die "no running local cluster in $STATE"
+  local name=$1; shift
+  [[ $name =~ ^[a-z0-9-]+$ ]] || die "process name $name: lower-case letters, digits and dashes only"
+  stop_component "$name"
+  start "$name" "$@"
+  sleep 0.5
+  alive "$name" || { tail -n 20 "$STATE/logs/$name.log" >&2; die "$name exited at once"; }
+}
+
 cmd=${1:-}
 STATE=$(realpath -m "${2:-$CAIRN_CACHE/clusters/dev}")
 mkdir -p "$(dirname "$STATE")"
@@ -387,6 +410,7 @@ case "$cmd" in
   down) down ;;
   stop-apiserver) restart_apiserver stop ;;
   start-apiserver) restart_apiserver start ;;
+  start-process) shift 2; start_process "$@" ;;
   env) running || die "no running local cluster in $STATE (start it: hack/local-cluster.sh up)"; cat "$STATE/env" ;;
   *) usage ;;
 esac

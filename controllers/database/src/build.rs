@@ -296,11 +296,14 @@ pub fn disruption_budget(cluster: &DatabaseCluster) -> PodDisruptionBudget {
     }
 }
 
-/// The instances. Replicas and parameters change here. The claim template is
-/// immutable once created, so `claim_size` is the size the existing
-/// StatefulSet was created with (storage growth patches the claims
-/// themselves); `None` for a new one.
-pub fn stateful_set(cluster: &DatabaseCluster, claim_size: Option<&str>) -> StatefulSet {
+/// The instances. Replicas and parameters change here. Claim templates are
+/// immutable once created, so an existing StatefulSet's are kept as they are
+/// (`existing_claims`; storage growth patches the claims themselves, and a
+/// newer controller's template never blocks an older cluster).
+pub fn stateful_set(
+    cluster: &DatabaseCluster,
+    existing_claims: Option<Vec<PersistentVolumeClaim>>,
+) -> StatefulSet {
     let names = Names::of(cluster);
     let spec = &cluster.spec;
     let mut pod_labels = labels::standard(APP_NAME, &names.cluster, "database");
@@ -361,7 +364,9 @@ pub fn stateful_set(cluster: &DatabaseCluster, claim_size: Option<&str>) -> Stat
                 }),
                 spec: Some(pod),
             },
-            volume_claim_templates: Some(vec![data_claim(cluster, claim_size)]),
+            volume_claim_templates: Some(
+                existing_claims.unwrap_or_else(|| vec![data_claim(cluster)]),
+            ),
             // Claims outlive the cluster: deleting it must never delete data.
             persistent_volume_claim_retention_policy: Some(
                 k8s_openapi::api::apps::v1::StatefulSetPersistentVolumeClaimRetentionPolicy {
@@ -375,25 +380,12 @@ pub fn stateful_set(cluster: &DatabaseCluster, claim_size: Option<&str>) -> Stat
     }
 }
 
-/// The size a StatefulSet's data claim template asks for.
-pub fn claim_template_size(stateful_set: &StatefulSet) -> Option<String> {
-    stateful_set
-        .spec
-        .as_ref()?
-        .volume_claim_templates
-        .as_ref()?
-        .first()?
-        .spec
-        .as_ref()?
-        .resources
-        .as_ref()?
-        .requests
-        .as_ref()?
-        .get("storage")
-        .map(|q| q.0.clone())
+/// The claim templates of an existing StatefulSet.
+pub fn claim_templates(stateful_set: &StatefulSet) -> Option<Vec<PersistentVolumeClaim>> {
+    stateful_set.spec.as_ref()?.volume_claim_templates.clone()
 }
 
-fn data_claim(cluster: &DatabaseCluster, size: Option<&str>) -> PersistentVolumeClaim {
+fn data_claim(cluster: &DatabaseCluster) -> PersistentVolumeClaim {
     PersistentVolumeClaim {
         metadata: ObjectMeta {
             name: Some("data".to_owned()),
@@ -406,7 +398,7 @@ fn data_claim(cluster: &DatabaseCluster, size: Option<&str>) -> PersistentVolume
             resources: Some(VolumeResourceRequirements {
                 requests: Some(BTreeMap::from([(
                     "storage".to_owned(),
-                    Quantity(size.unwrap_or(&cluster.spec.storage.size).to_owned()),
+                    Quantity(cluster.spec.storage.size.clone()),
                 )])),
                 ..VolumeResourceRequirements::default()
             }),
@@ -654,17 +646,26 @@ mod tests {
     }
 
     #[test]
-    fn the_claim_template_keeps_its_first_size() {
+    fn an_existing_claim_template_is_kept() {
+        let size = |sts: &StatefulSet| {
+            let claims = claim_templates(sts).expect("templates");
+            claims[0]
+                .spec
+                .clone()
+                .and_then(|s| s.resources)
+                .and_then(|r| r.requests)
+                .map(|r| r["storage"].0.clone())
+        };
         let mut grown = cluster(&[]);
         grown.spec.storage.size = "2Gi".into();
         let existing = stateful_set(&cluster(&[]), None);
-        let size = claim_template_size(&existing);
-        assert_eq!(size.as_deref(), Some("1Gi"));
-        let desired = stateful_set(&grown, size.as_deref());
-        assert_eq!(claim_template_size(&desired).as_deref(), Some("1Gi"));
+        assert_eq!(size(&existing).as_deref(), Some("1Gi"));
+        let desired = stateful_set(&grown, claim_templates(&existing));
+        assert_eq!(size(&desired).as_deref(), Some("1Gi"), "immutable: kept");
         assert_eq!(
-            claim_template_size(&stateful_set(&grown, None)).as_deref(),
-            Some("2Gi")
+            size(&stateful_set(&grown, None)).as_deref(),
+            Some("2Gi"),
+            "new: from the spec"
         );
     }
 

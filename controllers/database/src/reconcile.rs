@@ -183,8 +183,10 @@ async fn apply_children(ctx: &Context, cluster: &DatabaseCluster) -> Result<Stat
     let existing = caches
         .stateful_sets
         .get(&ObjectRef::new(&cluster.name_any()).within(&namespace));
-    let claim_size = existing.as_deref().and_then(build::claim_template_size);
-    let desired = build::stateful_set(cluster, claim_size.as_deref());
+    let desired = build::stateful_set(
+        cluster,
+        existing.as_deref().and_then(build::claim_templates),
+    );
     apply_child(ctx, cluster, &caches.stateful_sets, desired).await
 }
 

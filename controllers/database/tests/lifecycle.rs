@@ -446,7 +446,7 @@ async fn twenty_clusters_converge_through_a_restart_then_idle_without_writes() -
 }
 
 #[tokio::test]
-async fn a_paused_cluster_and_a_fixed_storage_class_say_so() -> Result<(), Error> {
+async fn clusters_that_cannot_proceed_say_why() -> Result<(), Error> {
     let namespace = support::namespace("paused").await?;
     let account = support::install_rbac(&namespace, "paused").await?;
     let _controller = support::start(&namespace, "paused", &account, &[])?;
@@ -530,5 +530,34 @@ async fn a_paused_cluster_and_a_fixed_storage_class_say_so() -> Result<(), Error
     )
     .await?;
     until_ready(&clusters, "held", 1).await?;
+
+    // Restoring from a Backup that does not exist: nothing is created.
+    let backup_crds = cairn_api::crds::by_chart()
+        .into_iter()
+        .find(|c| c.chart == "cairn-backup-controller")
+        .map(|c| c.crds)
+        .unwrap_or_default();
+    cairn_testing::crds::install(&namespace.client, &backup_crds).await?;
+    let mut restored = support::database_cluster("restored", 1);
+    restored.spec.bootstrap =
+        serde_json::from_value(json!({ "fromBackup": { "name": "nightly" } }))
+            .map_err(|e| Error::Setup(e.to_string()))?;
+    support::create(&clusters, &restored).await?;
+    let waiting = support::until_condition(&clusters, "restored", "Ready", "False", LONG).await?;
+    let ready = waiting
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+        .cloned()
+        .expect("Ready set");
+    assert_eq!(ready.reason, "BackupNotFound");
+    assert!(ready.message.contains("\"nightly\""), "{}", ready.message);
+    assert!(
+        namespace
+            .api::<StatefulSet>()
+            .get_opt("restored")
+            .await?
+            .is_none()
+    );
     Ok(())
 }

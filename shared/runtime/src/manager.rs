@@ -20,9 +20,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
+use futures::stream::BoxStream;
 use futures::{FutureExt, Stream, StreamExt};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::{self, ObjectRef, ReflectHandle, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
@@ -238,6 +239,9 @@ impl Manager {
         let subscription = writer
             .subscribe()
             .expect("a shared store always has a subscription");
+        // Shared subscriptions carry no deletions; controllers must see them
+        // (a deleted child is recreated), so the watch forwards them.
+        let (deleted, deletions) = tokio::sync::mpsc::unbounded_channel::<Arc<K>>();
         let kind = K::kind(&()).into_owned();
         let gauge = self.metrics.objects_in_cache.with_label_values(&[&kind]);
         let health = self.health.clone();
@@ -247,7 +251,12 @@ impl Manager {
             .reflect_shared(writer)
             .for_each(move |event| {
                 match event {
-                    Ok(_) => health.watch_ok(),
+                    Ok(event) => {
+                        health.watch_ok();
+                        if let watcher::Event::Delete(object) = event {
+                            let _ = deleted.send(Arc::new(object));
+                        }
+                    }
                     Err(e) => {
                         tracing::warn!(kind, error = %e, "watch failed; retrying");
                         health.watch_failed();
@@ -257,6 +266,10 @@ impl Manager {
                 std::future::ready(())
             });
         tokio::spawn(reflect);
+        let deletions = futures::stream::unfold(deletions, |mut receiver| async move {
+            receiver.recv().await.map(|object| (object, receiver))
+        });
+        let changes = futures::stream::select(subscription, deletions).boxed();
         let synced = store.clone();
         self.caches_synced.push(
             async move {
@@ -264,7 +277,7 @@ impl Manager {
             }
             .boxed(),
         );
-        Cache::new(store, subscription)
+        Cache::new(store, changes)
     }
 
     /// Runs `controller` while this replica leads, with `reconcile` wrapped in
@@ -398,14 +411,14 @@ where
     K: Resource<DynamicType = ()> + Clone + 'static,
 {
     stop_draining: oneshot::Sender<()>,
-    drained: JoinHandle<ReflectHandle<K>>,
+    drained: JoinHandle<BoxStream<'static, Arc<K>>>,
 }
 
 impl<K> Cache<K>
 where
     K: Resource<DynamicType = ()> + Clone + Debug + Send + Sync + 'static,
 {
-    fn new(store: Store<K>, mut subscription: ReflectHandle<K>) -> Self {
+    fn new(store: Store<K>, mut subscription: BoxStream<'static, Arc<K>>) -> Self {
         let (stop_draining, mut stop) = oneshot::channel();
         let drained = tokio::spawn(async move {
             loop {

@@ -55,7 +55,7 @@ impl LocalCluster {
 impl ControllerProcess {
     /// Starts `binary` with `kubeconfig`, text logs at debug for Cairn, the
     /// admin server on a free loopback port, and `env` on top. Its output goes
-    /// to `<cluster state>/controllers/<name>.log`.
+    /// to `<cluster state>/logs/controllers/<name>.log` (kept when a test run fails).
     pub fn start(
         cluster: &LocalCluster,
         binary: &Path,
@@ -64,7 +64,7 @@ impl ControllerProcess {
         env: &[(&str, &str)],
     ) -> Result<Self, Error> {
         let admin = free_address()?;
-        let dir = cluster.state_dir().join("controllers");
+        let dir = cluster.state_dir().join("logs").join("controllers");
         std::fs::create_dir_all(&dir)
             .map_err(|e| Error::Setup(format!("{}: {e}", dir.display())))?;
         let log = dir.join(format!("{name}.log"));
