@@ -13,11 +13,22 @@ STATE=$CAIRN_CACHE/clusters/dev
 # shellcheck disable=SC1091
 source "$STATE/env"
 
-# The CRDs of every chart, and one sample of every kind.
-"$CAIRN_BIN/kubectl" apply --server-side --force-conflicts -f "$CAIRN_ROOT"/charts/cairn-database-controller/templates/crds/ \
-  -f "$CAIRN_ROOT"/charts/cairn-backup-controller/templates/crds/ -f "$CAIRN_ROOT"/charts/cairn-cloud-controller/templates/crds/ >/dev/null
+# The CRDs as the charts ship them (rendered by Helm), and one sample of every kind.
+CONTROLLER_NAMESPACE=cairn-system
+for chart in cairn-database-controller cairn-backup-controller cairn-cloud-controller; do
+  for crd in "$CAIRN_ROOT/charts/$chart/templates/crds/"*.yaml; do
+    "$CAIRN_BIN/helm" template "$chart" "$CAIRN_ROOT/charts/$chart" --namespace "$CONTROLLER_NAMESPACE" \
+      --show-only "templates/crds/$(basename "$crd")"
+  done
+done | "$CAIRN_BIN/kubectl" apply --server-side --force-conflicts -f - >/dev/null
+# The database controller runs on this machine, not behind its Service: the
+# API server reaches its conversion webhook on loopback.
+"$CAIRN_BIN/kubectl" patch crd databaseclusters.database.cairn.dev --type merge -p \
+  '{"spec":{"conversion":{"webhook":{"clientConfig":{"service":null,"url":"https://127.0.0.1:18443/convert"}}}}}' >/dev/null
 "$CAIRN_BIN/kubectl" wait --for=condition=Established --timeout=60s crd --all >/dev/null
-"$CAIRN_BIN/kubectl" create namespace cairn-samples --dry-run=client -o yaml | "$CAIRN_BIN/kubectl" apply -f - >/dev/null
+for namespace in cairn-samples "$CONTROLLER_NAMESPACE"; do
+  "$CAIRN_BIN/kubectl" create namespace "$namespace" --dry-run=client -o yaml | "$CAIRN_BIN/kubectl" apply -f - >/dev/null
+done
 "$CAIRN_BIN/kubectl" -n cairn-samples apply -f "$CAIRN_ROOT/config/samples/" >/dev/null
 
 # The controllers run as local processes (kwok nodes run no containers).
@@ -25,14 +36,13 @@ source "$STATE/env"
 # exactly what the chart's RBAC lets it do in a real cluster. They watch
 # cairn-samples only: tests run against this cluster in namespaces of their
 # own, with controllers of their own.
-CONTROLLER_NAMESPACE=cairn-system
-"$CAIRN_BIN/kubectl" create namespace "$CONTROLLER_NAMESPACE" --dry-run=client -o yaml | "$CAIRN_BIN/kubectl" apply -f - >/dev/null
 cargo build --locked --quiet -p cairn-database-controller
 
-start_controller() { # chart admin-port
+start_controller() { # chart admin-port [VAR=value...]
   local chart=$1 port=$2 account_kubeconfig=$STATE/$1.kubeconfig
+  shift 2
   "$CAIRN_BIN/helm" template "$chart" "$CAIRN_ROOT/charts/$chart" --namespace "$CONTROLLER_NAMESPACE" \
-    --set webhook.certificates.secretName=none --set watchNamespace=cairn-samples \
+    --set watchNamespace=cairn-samples \
     --show-only templates/serviceaccount.yaml --show-only templates/rbac.yaml |
     "$CAIRN_BIN/kubectl" apply --server-side --force-conflicts -f - >/dev/null
   sed "/^  user:\$/a\\    as: system:serviceaccount:$CONTROLLER_NAMESPACE:$chart\n    as-groups: [system:serviceaccounts, system:serviceaccounts:$CONTROLLER_NAMESPACE, system:authenticated]" \
@@ -40,11 +50,11 @@ start_controller() { # chart admin-port
   chmod 600 "$account_kubeconfig"
   "$CAIRN_ROOT/hack/local-cluster.sh" start-process "$STATE" "$chart" env \
     KUBECONFIG="$account_kubeconfig" POD_NAME="$chart-local" CAIRN_LEASE_NAMESPACE="$CONTROLLER_NAMESPACE" \
-    CAIRN_NAMESPACES=cairn-samples \
-    CAIRN_ADMIN_ADDRESS="127.0.0.1:$port" CAIRN_LOG_FORMAT=text \
+    CAIRN_NAMESPACES=cairn-samples CAIRN_ADMIN_ADDRESS="127.0.0.1:$port" CAIRN_LOG_FORMAT=text "$@" \
     "$CARGO_TARGET_DIR/debug/$chart"
 }
-start_controller cairn-database-controller 18080
+# Its conversion webhook on loopback, with a self-managed certificate for 127.0.0.1.
+start_controller cairn-database-controller 18080 CAIRN_WEBHOOK_ADDRESS=127.0.0.1:18443 CAIRN_WEBHOOK_SERVICE=127.0.0.1
 
 cat <<USAGE
 

@@ -4,7 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
-    CustomResourceConversion, CustomResourceDefinition, WebhookClientConfig, WebhookConversion,
+    CustomResourceConversion, CustomResourceDefinition, ServiceReference, WebhookClientConfig,
+    WebhookConversion,
 };
 use kube::CustomResourceExt;
 
@@ -17,7 +18,14 @@ pub struct ChartCrds {
     pub crds: Vec<CustomResourceDefinition>,
 }
 
-/// Every CRD, grouped by the chart that ships it.
+/// Name of the conversion webhook Service in the database chart, as a Helm
+/// template expression (the committed CRD is a chart template).
+const CHART_WEBHOOK_SERVICE: &str = r#"{{ include "cairn.webhookService" . }}"#;
+const CHART_NAMESPACE: &str = "{{ .Release.Namespace }}";
+
+/// Every CRD, grouped by the chart of its group, in a form that installs
+/// without any webhook: DatabaseCluster serves v1 only. Tests and benchmarks
+/// install these; [`chart_files`] is what the charts ship.
 pub fn by_chart() -> Vec<ChartCrds> {
     vec![
         ChartCrds {
@@ -42,12 +50,31 @@ pub fn by_chart() -> Vec<ChartCrds> {
     ]
 }
 
+/// The CRDs as the charts ship them (`templates/crds/`): like [`by_chart`],
+/// except that DatabaseCluster also serves the deprecated v1alpha1, converted
+/// by cairn-database-controller's webhook Service (its name and namespace are
+/// Helm template expressions; the controller writes the caBundle).
+pub fn chart_files() -> Vec<ChartCrds> {
+    let mut charts = by_chart();
+    for chart in &mut charts {
+        if chart.chart == "cairn-database-controller" {
+            chart.crds = vec![database_cluster_with_conversion(WebhookClientConfig {
+                service: Some(ServiceReference {
+                    name: CHART_WEBHOOK_SERVICE.into(),
+                    namespace: CHART_NAMESPACE.into(),
+                    path: Some("/convert".into()),
+                    port: Some(443),
+                }),
+                ..WebhookClientConfig::default()
+            })];
+        }
+    }
+    charts
+}
+
 /// The DatabaseCluster CRD serving both v1 (stored) and the deprecated
-/// v1alpha1, converted by the webhook at `client_config`.
-///
-/// The chart ships v1 alone until cairn-database-controller serves the
-/// conversion webhook: a second version without a working webhook would make
-/// every v1alpha1 request fail.
+/// v1alpha1, converted by the webhook at `client_config`. Every v1alpha1
+/// request fails while that webhook is unreachable; v1 requests never need it.
 pub fn database_cluster_with_conversion(
     client_config: WebhookClientConfig,
 ) -> CustomResourceDefinition {

@@ -4,7 +4,7 @@
 fn committed_crds_match_the_types() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut stale = Vec::new();
-    for chart in cairn_api::crds::by_chart() {
+    for chart in cairn_api::crds::chart_files() {
         for crd in &chart.crds {
             let path = cairn_api::crds::chart_path(chart.chart, crd);
             let expected = cairn_api::crds::to_yaml(crd).expect("CRDs serialize");

@@ -10,7 +10,7 @@ fn main() -> ExitCode {
     let check = std::env::args().any(|a| a == "--check");
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut stale = 0;
-    for chart in cairn_api::crds::by_chart() {
+    for chart in cairn_api::crds::chart_files() {
         for crd in &chart.crds {
             let path = root.join(cairn_api::crds::chart_path(chart.chart, crd));
             let text = match cairn_api::crds::to_yaml(crd) {

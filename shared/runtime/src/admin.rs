@@ -14,6 +14,12 @@ use axum::routing::get;
 
 use crate::metrics::Metrics;
 
+/// A watch that keeps failing reports an error at least this often: the
+/// watcher's longest retry delay is 30 s. A resumed watch that succeeds says
+/// nothing until an object changes, so this much quiet after the last error
+/// counts as recovered.
+const WATCH_QUIET_AFTER_RECOVERY: Duration = Duration::from_secs(35);
+
 /// What the probes report, updated by the manager.
 #[derive(Clone)]
 pub struct Health {
@@ -21,12 +27,15 @@ pub struct Health {
     /// How long watches may fail before `/livez` fails (the process is then
     /// restarted, which re-establishes every connection).
     watch_failure_limit: Duration,
+    quiet_after_recovery: Duration,
 }
 
 struct HealthState {
     ready: bool,
     /// When the current run of watch failures began.
     watch_failing_since: Option<Instant>,
+    /// The latest watch failure.
+    last_watch_failure: Option<Instant>,
 }
 
 impl Health {
@@ -35,8 +44,10 @@ impl Health {
             inner: Arc::new(Mutex::new(HealthState {
                 ready: false,
                 watch_failing_since: None,
+                last_watch_failure: None,
             })),
             watch_failure_limit,
+            quiet_after_recovery: WATCH_QUIET_AFTER_RECOVERY,
         }
     }
 
@@ -48,25 +59,39 @@ impl Health {
 
     /// A watch failed (the API server is unreachable, say).
     pub fn watch_failed(&self) {
+        let quiet = self.quiet_after_recovery;
         self.update(|s| {
-            s.watch_failing_since.get_or_insert_with(Instant::now);
+            let now = Instant::now();
+            if s.last_watch_failure
+                .is_none_or(|last| last.elapsed() > quiet)
+            {
+                s.watch_failing_since = Some(now); // a new run of failures
+            }
+            s.last_watch_failure = Some(now);
         });
     }
 
     /// A watch delivered an event or re-listed: the connection works.
     pub fn watch_ok(&self) {
-        self.update(|s| s.watch_failing_since = None);
+        self.update(|s| {
+            s.watch_failing_since = None;
+            s.last_watch_failure = None;
+        });
     }
 
-    /// Whether the process is healthy, with a reason if not.
+    /// Whether the process is healthy, with a reason if not: unhealthy while
+    /// watches have kept failing for longer than the limit.
     pub fn live(&self) -> Result<(), String> {
-        let since = self.read(|s| s.watch_failing_since);
+        let (since, last) = self.read(|s| (s.watch_failing_since, s.last_watch_failure));
+        let still_failing = last.is_some_and(|last| last.elapsed() <= self.quiet_after_recovery);
         match since {
-            Some(since) if since.elapsed() > self.watch_failure_limit => Err(format!(
-                "watches have failed for {} s (limit {} s)",
-                since.elapsed().as_secs(),
-                self.watch_failure_limit.as_secs()
-            )),
+            Some(since) if still_failing && since.elapsed() > self.watch_failure_limit => {
+                Err(format!(
+                    "watches have failed for {} s (limit {} s)",
+                    since.elapsed().as_secs(),
+                    self.watch_failure_limit.as_secs()
+                ))
+            }
             _ => Ok(()),
         }
     }
@@ -193,6 +218,22 @@ mod tests {
         assert!(body.contains("watches have failed"), "{body}");
         health.watch_ok();
         assert_eq!(get(&router, "/livez").await.0, StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn livez_recovers_when_failures_stop_without_an_event() {
+        let (mut health, _) = fixture(Duration::from_millis(50));
+        health.quiet_after_recovery = Duration::from_millis(200);
+        health.watch_failed();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        health.watch_failed();
+        assert!(health.live().is_err(), "failing past the limit");
+        // A resumed watch yields nothing: quiet after the last error is recovery.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert!(health.live().is_ok());
+        // A later failure starts a new run, tolerated up to the limit again.
+        health.watch_failed();
+        assert!(health.live().is_ok());
     }
 
     #[tokio::test]

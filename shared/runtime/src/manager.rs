@@ -177,8 +177,9 @@ impl Manager {
 
     /// Serves `router` over HTTPS on the webhook address, if one is set, on
     /// every replica. Certificates come from the mounted folder (reloaded when
-    /// they change) or, without one, from a Secret the replicas share, whose
-    /// CA is written into the `crds` conversion caBundle.
+    /// they change) or, without one, from a Secret the replicas share. The CA
+    /// (the mounted `ca.crt`, if there is one, or the Secret's) is written into
+    /// the `crds` conversion caBundle.
     pub async fn serve_webhook(
         &self,
         router: axum::Router,
@@ -189,9 +190,18 @@ impl Manager {
         };
         let webhook_error = |source| StartError::Webhook { address, source };
         let server = match &self.config.webhook_cert_dir {
-            Some(dir) => webhook::start(address, router, dir, webhook::RELOAD_INTERVAL)
-                .await
-                .map_err(webhook_error)?,
+            Some(dir) => {
+                let server = webhook::start(address, router, dir, webhook::RELOAD_INTERVAL)
+                    .await
+                    .map_err(webhook_error)?;
+                // A cert-manager Secret carries its CA: the API server must trust it.
+                if let Ok(ca) = std::fs::read_to_string(dir.join("ca.crt")) {
+                    certs::inject_ca_bundle(self.client.clone(), crds, &ca)
+                        .await
+                        .map_err(certs::CertError::from)?;
+                }
+                server
+            }
             None => {
                 let secret = format!("cairn-{}-webhook-certs", self.info.controller);
                 let default_host = format!(

@@ -40,7 +40,7 @@ pub async fn install_rbac(namespace: &TestNamespace, release: &str) -> Result<St
             &[
                 "--set",
                 &format!("watchNamespace={}", namespace.name),
-                // Certificates "mounted": no rights to patch CRDs are granted.
+                // Certificates "mounted": no Secret rights for self-managed ones.
                 "--set",
                 "webhook.certificates.secretName=unused",
                 "--show-only",
