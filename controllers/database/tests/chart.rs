@@ -47,6 +47,7 @@ async fn the_chart_installs_under_the_restricted_pod_security_level() -> Result<
         .kubectl(&[
             "apply",
             "--server-side",
+            "--force-conflicts",
             "--dry-run=server",
             "-f",
             &all_on.to_string_lossy(),
