@@ -13,18 +13,17 @@ STATE=$CAIRN_CACHE/clusters/dev
 # shellcheck disable=SC1091
 source "$STATE/env"
 
-# The CRDs as the charts ship them (rendered by Helm), and one sample of every kind.
+# The CRDs as the charts ship them (rendered by Helm), and one sample of every
+# kind. The database controller runs on this machine, not behind its
+# Service: the API server reaches its conversion webhook on loopback.
 CONTROLLER_NAMESPACE=cairn-system
 for chart in cairn-database-controller cairn-backup-controller cairn-cloud-controller; do
   for crd in "$CAIRN_ROOT/charts/$chart/templates/crds/"*.yaml; do
     "$CAIRN_BIN/helm" template "$chart" "$CAIRN_ROOT/charts/$chart" --namespace "$CONTROLLER_NAMESPACE" \
       --show-only "templates/crds/$(basename "$crd")"
   done
-done | "$CAIRN_BIN/kubectl" apply --server-side --force-conflicts -f - >/dev/null
-# The database controller runs on this machine, not behind its Service: the
-# API server reaches its conversion webhook on loopback.
-"$CAIRN_BIN/kubectl" patch crd databaseclusters.database.cairn.dev --type merge -p \
-  '{"spec":{"conversion":{"webhook":{"clientConfig":{"service":null,"url":"https://127.0.0.1:18443/convert"}}}}}' >/dev/null
+done | sed '/^        service:$/,/^          port: 443$/c\        url: https://127.0.0.1:18443/convert' |
+  "$CAIRN_BIN/kubectl" apply --server-side --force-conflicts -f - >/dev/null
 "$CAIRN_BIN/kubectl" wait --for=condition=Established --timeout=60s crd --all >/dev/null
 for namespace in cairn-samples "$CONTROLLER_NAMESPACE"; do
   "$CAIRN_BIN/kubectl" create namespace "$namespace" --dry-run=client -o yaml | "$CAIRN_BIN/kubectl" apply -f - >/dev/null

@@ -94,6 +94,16 @@ pub fn database_cluster_with_conversion(
     finish(crd)
 }
 
+/// The installable CRDs of chart `chart` (see [`by_chart`]); none for an
+/// unknown chart.
+pub fn for_chart(chart: &str) -> Vec<CustomResourceDefinition> {
+    by_chart()
+        .into_iter()
+        .find(|c| c.chart == chart)
+        .map(|c| c.crds)
+        .unwrap_or_default()
+}
+
 /// Every CRD.
 pub fn all() -> Vec<CustomResourceDefinition> {
     by_chart().into_iter().flat_map(|c| c.crds).collect()

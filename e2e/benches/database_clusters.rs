@@ -35,31 +35,10 @@ async fn main() -> Result<(), Error> {
     })?);
     let local = cluster();
     let namespace = local.namespace("bench").await?;
-    let chart_crds = cairn_api::crds::by_chart()
-        .into_iter()
-        .find(|c| c.chart == CHART)
-        .map(|c| c.crds)
-        .unwrap_or_default();
-    crds::install(&namespace.client, &chart_crds).await?;
-    let rbac = local
-        .helm_template(
-            CHART,
-            "bench",
-            &namespace.name,
-            &[
-                "--set",
-                &format!("watchNamespace={}", namespace.name),
-                "--set",
-                "webhook.certificates.secretName=unused",
-                "--show-only",
-                "templates/serviceaccount.yaml",
-                "--show-only",
-                "templates/rbac.yaml",
-            ],
-        )
+    crds::install(&namespace.client, &cairn_api::crds::for_chart(CHART)).await?;
+    let account = local
+        .install_controller_rbac(CHART, "bench", &namespace.name)
         .await?;
-    local.apply_file(&rbac).await?;
-    let account = format!("bench-{CHART}");
     let user = format!("system:serviceaccount:{}:{account}", namespace.name);
     let kubeconfig = local.service_account_kubeconfig(&namespace.name, &account)?;
     let controller = ControllerProcess::start(

@@ -547,34 +547,9 @@ fn volumes(names: &Names) -> Vec<Volume> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cairn_api::database::v1::{DatabaseClusterSpec, PostgresSpec, StorageSpec};
 
-    pub fn cluster(parameters: &[(&str, &str)]) -> DatabaseCluster {
-        let mut cluster = DatabaseCluster::new(
-            "orders",
-            DatabaseClusterSpec {
-                instances: 3,
-                postgres: PostgresSpec {
-                    version: "17".into(),
-                    image: None,
-                    parameters: parameters
-                        .iter()
-                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                        .collect(),
-                },
-                storage: StorageSpec {
-                    size: "1Gi".into(),
-                    storage_class_name: None,
-                },
-                resources: None,
-                scheduling: None,
-                bootstrap: None,
-                paused: false,
-            },
-        );
-        cluster.metadata.namespace = Some("shop".into());
-        cluster.metadata.uid = Some("uid-1".into());
-        cluster
+    fn cluster(parameters: &[(&str, &str)]) -> DatabaseCluster {
+        crate::fixtures::cluster(3, parameters)
     }
 
     #[test]

@@ -7,6 +7,8 @@
 
 pub mod build;
 pub mod error;
+#[cfg(test)]
+mod fixtures;
 pub mod metrics;
 pub mod reconcile;
 pub mod status;

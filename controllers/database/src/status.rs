@@ -253,29 +253,9 @@ pub fn condition<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cairn_api::database::v1::{DatabaseClusterSpec, PostgresSpec, StorageSpec};
 
     fn cluster(instances: i32, phase: Option<DatabaseClusterPhase>) -> DatabaseCluster {
-        let mut cluster = DatabaseCluster::new(
-            "orders",
-            DatabaseClusterSpec {
-                instances,
-                postgres: PostgresSpec {
-                    version: "17".into(),
-                    ..PostgresSpec::default()
-                },
-                storage: StorageSpec {
-                    size: "1Gi".into(),
-                    storage_class_name: None,
-                },
-                resources: None,
-                scheduling: None,
-                bootstrap: None,
-                paused: false,
-            },
-        );
-        cluster.metadata.namespace = Some("shop".into());
-        cluster.metadata.generation = Some(2);
+        let mut cluster = crate::fixtures::cluster(instances, &[]);
         cluster.status = phase.map(|phase| DatabaseClusterStatus {
             phase: Some(phase),
             ..DatabaseClusterStatus::default()

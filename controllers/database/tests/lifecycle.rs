@@ -532,11 +532,7 @@ async fn clusters_that_cannot_proceed_say_why() -> Result<(), Error> {
     until_ready(&clusters, "held", 1).await?;
 
     // Restoring from a Backup that does not exist: nothing is created.
-    let backup_crds = cairn_api::crds::by_chart()
-        .into_iter()
-        .find(|c| c.chart == "cairn-backup-controller")
-        .map(|c| c.crds)
-        .unwrap_or_default();
+    let backup_crds = cairn_api::crds::for_chart("cairn-backup-controller");
     cairn_testing::crds::install(&namespace.client, &backup_crds).await?;
     let mut restored = support::database_cluster("restored", 1);
     restored.spec.bootstrap =

@@ -136,12 +136,24 @@ impl LocalCluster {
     /// Runs the pinned kubectl against this cluster as the admin; returns
     /// stdout and stderr, or an error with stderr if it failed.
     pub async fn kubectl(&self, args: &[&str]) -> Result<KubectlOutput, Error> {
+        // A discovery cache of its own per call: tests install CRDs as they
+        // go, and a cached discovery would not know them (`kubectl get
+        // <category>` silently lists fewer kinds).
+        static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let cache = self
+            .state_dir
+            .join("kubectl-cache")
+            .join(format!("{}-{call}", std::process::id()));
         let output = tokio::process::Command::new(self.bin_dir.join("kubectl"))
             .env("KUBECONFIG", self.state_dir.join("kubeconfig"))
+            .arg("--cache-dir")
+            .arg(&cache)
             .args(args)
             .output()
             .await
             .map_err(|e| Error::Setup(format!("cannot run kubectl: {e}")))?;
+        let _ = std::fs::remove_dir_all(&cache);
         let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
         if !output.status.success() {
             return Err(Error::Setup(format!(

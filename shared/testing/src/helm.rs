@@ -44,6 +44,43 @@ impl LocalCluster {
         Ok(file)
     }
 
+    /// Applies the ServiceAccount and RBAC of controller chart `chart` for
+    /// Helm release `release` in `namespace`, watching that namespace only
+    /// (value `watchNamespace`), with "mounted" webhook certificates (so no
+    /// Secret rights for self-managed ones). Returns the account's name.
+    pub async fn install_controller_rbac(
+        &self,
+        chart: &str,
+        release: &str,
+        namespace: &str,
+    ) -> Result<String, Error> {
+        let watch = format!("watchNamespace={namespace}");
+        let file = self
+            .helm_template(
+                chart,
+                release,
+                namespace,
+                &[
+                    "--set",
+                    &watch,
+                    "--set",
+                    "webhook.certificates.secretName=unused",
+                    "--show-only",
+                    "templates/serviceaccount.yaml",
+                    "--show-only",
+                    "templates/rbac.yaml",
+                ],
+            )
+            .await?;
+        self.apply_file(&file).await?;
+        // The charts' fullname: the release, prefixed unless it names the chart.
+        Ok(if release.contains(chart) {
+            release.to_owned()
+        } else {
+            format!("{release}-{chart}")
+        })
+    }
+
     /// Server-side applies the objects in `file` (as the admin).
     pub async fn apply_file(&self, file: &Path) -> Result<(), Error> {
         self.kubectl(&[

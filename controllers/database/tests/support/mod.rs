@@ -19,43 +19,16 @@ pub const CHART: &str = "cairn-database-controller";
 /// A namespace with the CRDs installed.
 pub async fn namespace(prefix: &str) -> Result<TestNamespace, Error> {
     let namespace = cluster().namespace(prefix).await?;
-    let chart_crds = cairn_api::crds::by_chart()
-        .into_iter()
-        .find(|c| c.chart == CHART)
-        .map(|c| c.crds)
-        .unwrap_or_default();
-    crds::install(&namespace.client, &chart_crds).await?;
+    crds::install(&namespace.client, &cairn_api::crds::for_chart(CHART)).await?;
     Ok(namespace)
 }
 
 /// Installs the chart's ServiceAccount and RBAC for Helm release `release`,
-/// scoped to `namespace` (value `watchNamespace`), and returns the account's
-/// name. The Deployment is not applied: the test runs the binary itself.
+/// scoped to the test namespace; returns the account's name.
 pub async fn install_rbac(namespace: &TestNamespace, release: &str) -> Result<String, Error> {
-    let file = cluster()
-        .helm_template(
-            CHART,
-            release,
-            &namespace.name,
-            &[
-                "--set",
-                &format!("watchNamespace={}", namespace.name),
-                // Certificates "mounted": no Secret rights for self-managed ones.
-                "--set",
-                "webhook.certificates.secretName=unused",
-                "--show-only",
-                "templates/serviceaccount.yaml",
-                "--show-only",
-                "templates/rbac.yaml",
-            ],
-        )
-        .await?;
-    cluster().apply_file(&file).await?;
-    Ok(if release.contains(CHART) {
-        release.to_owned()
-    } else {
-        format!("{release}-{CHART}")
-    })
+    cluster()
+        .install_controller_rbac(CHART, release, &namespace.name)
+        .await
 }
 
 /// Starts the controller as `account`, watching and leasing in `namespace`.

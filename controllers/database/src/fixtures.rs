@@ -1,0 +1,33 @@
+//! The cluster the unit tests start from: `orders` in namespace `shop`,
+//! PostgreSQL 17, 1Gi per instance, generation 2.
+
+use cairn_api::database::v1::{DatabaseCluster, DatabaseClusterSpec, PostgresSpec, StorageSpec};
+
+pub fn cluster(instances: i32, parameters: &[(&str, &str)]) -> DatabaseCluster {
+    let mut cluster = DatabaseCluster::new(
+        "orders",
+        DatabaseClusterSpec {
+            instances,
+            postgres: PostgresSpec {
+                version: "17".into(),
+                image: None,
+                parameters: parameters
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            },
+            storage: StorageSpec {
+                size: "1Gi".into(),
+                storage_class_name: None,
+            },
+            resources: None,
+            scheduling: None,
+            bootstrap: None,
+            paused: false,
+        },
+    );
+    cluster.metadata.namespace = Some("shop".into());
+    cluster.metadata.uid = Some("uid-1".into());
+    cluster.metadata.generation = Some(2);
+    cluster
+}
