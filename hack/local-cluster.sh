@@ -223,8 +223,8 @@ metadata:
     topology.kubernetes.io/region: local
     type: kwok
 status:
-  allocatable: {cpu: "32", memory: 128Gi, pods: "110"}
-  capacity: {cpu: "32", memory: 128Gi, pods: "110"}
+  allocatable: {cpu: "32", memory: 128Gi, pods: "1000"}
+  capacity: {cpu: "32", memory: 128Gi, pods: "1000"}
 NODE
   done | kubectl_ apply -f - >/dev/null
   # Immediate binding: kwok pods have no kubelet to wait for a first consumer.
