@@ -98,13 +98,16 @@ async fn main() -> Result<(), Error> {
                 .iter()
                 .filter(|c| wait::condition_status(c, "Ready").as_deref() == Some("True"))
                 .count();
-            Ok((ready == count).then_some(()).or_else(|| {
-                eprint!(
-                    "\r{ready}/{count} Ready after {} s   ",
-                    started.elapsed().as_secs()
-                );
-                None
-            }))
+            if ready == count {
+                return Ok(Some(()));
+            }
+            eprint!(
+                "\r{ready}/{count} Ready after {} s   ",
+                started.elapsed().as_secs()
+            );
+            // Listing every cluster is load on the API server too: not too often.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            Ok(None)
         },
     )
     .await?;
