@@ -306,26 +306,44 @@ impl Manager {
         F: Fn(Arc<K>, Arc<Ctx>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Action, E>> + Send + 'static,
     {
-        let code = self.lead(controller, reconcile, context).await;
+        // Streams are lazy: nothing of this runs (and the caches keep being
+        // drained) until `lead` polls it, as the leader.
+        let reconciler = Arc::new(Instrumented::new(
+            reconcile,
+            context,
+            self.metrics.clone(),
+            self.config.backoff(),
+            Duration::from_secs(self.config.resync_seconds),
+        ));
+        let terminate = self.terminate.clone();
+        let running = controller
+            .with_config(
+                kube::runtime::controller::Config::default()
+                    .concurrency(self.config.concurrency)
+                    .debounce(Duration::from_millis(100)),
+            )
+            // Objects that arrived while standing by have no pending event.
+            .reconcile_all_on(futures::stream::once(std::future::ready(())))
+            .graceful_shutdown_on(terminated(terminate))
+            .run(
+                |object, instrumented: Arc<Instrumented<F, Ctx>>| {
+                    let instrumented = instrumented.clone();
+                    async move { instrumented.reconcile(object).await }
+                },
+                |object, error, instrumented| instrumented.error_policy(object, error),
+                reconciler,
+            )
+            .for_each(|_| std::future::ready(()));
+        let code = self.lead(running.boxed()).await;
         let _ = self.stop_admin.send(());
         let _ = self.admin.await;
         self.telemetry.shutdown();
         code
     }
 
-    async fn lead<K, Ctx, E, F, Fut>(
-        &mut self,
-        controller: Controller<K>,
-        reconcile: F,
-        context: Arc<Ctx>,
-    ) -> ExitCode
-    where
-        K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
-        Ctx: Send + Sync + 'static,
-        E: Classify + Display + std::error::Error + Send + Sync + 'static,
-        F: Fn(Arc<K>, Arc<Ctx>) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Action, E>> + Send + 'static,
-    {
+    /// Waits for the caches and the lease, then drives `running` (the
+    /// controller) until SIGTERM and its grace period, or the lease's loss.
+    async fn lead(&mut self, running: BoxFuture<'static, ()>) -> ExitCode {
         let synced = futures::future::join_all(std::mem::take(&mut self.caches_synced));
         tokio::select! {
             _ = synced => {
@@ -354,34 +372,9 @@ impl Manager {
             }
         }
         tracing::info!(lease, identity = %self.identity, "leading: reconciling");
-        let reconciler = Arc::new(Instrumented::new(
-            reconcile,
-            context,
-            self.metrics.clone(),
-            self.config.backoff(),
-            Duration::from_secs(self.config.resync_seconds),
-        ));
+        // After SIGTERM, in-flight reconciles get `grace` to finish.
         let grace = Duration::from_secs(self.config.shutdown_grace_seconds);
         let terminate = self.terminate.clone();
-        let running = controller
-            .with_config(
-                kube::runtime::controller::Config::default()
-                    .concurrency(self.config.concurrency)
-                    .debounce(Duration::from_millis(100)),
-            )
-            // Objects that arrived while standing by have no pending event.
-            .reconcile_all_on(futures::stream::once(std::future::ready(())))
-            .graceful_shutdown_on(terminated(terminate.clone()))
-            .run(
-                |object, instrumented: Arc<Instrumented<F, Ctx>>| {
-                    let instrumented = instrumented.clone();
-                    async move { instrumented.reconcile(object).await }
-                },
-                |object, error, instrumented| instrumented.error_policy(object, error),
-                reconciler,
-            )
-            .for_each(|_| std::future::ready(()));
-        // After SIGTERM, in-flight reconciles get `grace` to finish.
         let deadline = async move {
             terminated(terminate).await;
             tokio::time::sleep(grace).await;
