@@ -2,5 +2,6 @@
 //! served as the deprecated v1alpha1.
 
 pub mod conversion;
+pub mod instance;
 pub mod v1;
 pub mod v1alpha1;

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use cairn_api::database::instance;
 use cairn_api::database::v1::{DatabaseCluster, REPLICATION_USER};
 use cairn_runtime::labels;
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
@@ -23,21 +24,16 @@ use kube::{Resource, ResourceExt};
 
 /// `app.kubernetes.io/name` of every child.
 pub const APP_NAME: &str = "postgresql";
-/// The label the controller sets on each instance pod: `primary` or `replica`.
-/// The `-rw` and `-ro` Services select on it; cairn-instance reads it through
-/// the Downward API to learn its role.
-pub const ROLE_LABEL: &str = "database.cairn.dev/role";
-pub const ROLE_PRIMARY: &str = "primary";
-pub const ROLE_REPLICA: &str = "replica";
+pub use cairn_api::database::instance::{ROLE_LABEL, ROLE_PRIMARY, ROLE_REPLICA};
 /// Pod-template annotation: a digest of the settings that need a restart, so
 /// changing one rolls the pods and changing any other does not.
 pub const RESTART_DIGEST_ANNOTATION: &str = "database.cairn.dev/restart-config-digest";
 /// Default image repository; the tag is `spec.postgres.version`.
 pub const DEFAULT_IMAGE_REPOSITORY: &str = "ghcr.io/cairn-dev/postgres";
 
-pub const POSTGRES_PORT: i32 = 5432;
-pub const INSTANCE_HTTP_PORT: i32 = 8000;
-pub const INSTANCE_METRICS_PORT: i32 = 9187;
+pub const POSTGRES_PORT: i32 = instance::POSTGRES_PORT as i32;
+pub const INSTANCE_HTTP_PORT: i32 = instance::INSTANCE_HTTP_PORT as i32;
+pub const INSTANCE_METRICS_PORT: i32 = instance::INSTANCE_METRICS_PORT as i32;
 /// UID and GID of the postgres user in the official images.
 const POSTGRES_UID: i64 = 999;
 
@@ -71,7 +67,10 @@ fn managed_parameters() -> BTreeMap<&'static str, String> {
         ("wal_log_hints", "on".to_owned()),
         ("max_wal_senders", "10".to_owned()),
         ("max_replication_slots", "10".to_owned()),
-        ("hba_file", "'/etc/cairn/config/pg_hba.conf'".to_owned()),
+        (
+            "hba_file",
+            format!("'{}/pg_hba.conf'", instance::CONFIG_DIR),
+        ),
     ])
 }
 
@@ -212,15 +211,15 @@ pub fn credentials(cluster: &DatabaseCluster, generate: &mut impl FnMut() -> Str
         metadata: metadata(cluster, &names.credentials, "credentials"),
         type_: Some("Opaque".to_owned()),
         string_data: Some(BTreeMap::from([
-            ("database".to_owned(), database),
-            ("username".to_owned(), owner),
-            ("password".to_owned(), generate()),
-            ("superuser-password".to_owned(), generate()),
+            (instance::DATABASE_KEY.to_owned(), database),
+            (instance::OWNER_KEY.to_owned(), owner),
+            (instance::OWNER_PASSWORD_KEY.to_owned(), generate()),
+            (instance::SUPERUSER_PASSWORD_KEY.to_owned(), generate()),
             (
-                "replication-username".to_owned(),
+                instance::REPLICATION_USER_KEY.to_owned(),
                 REPLICATION_USER.to_owned(),
             ),
-            ("replication-password".to_owned(), generate()),
+            (instance::REPLICATION_PASSWORD_KEY.to_owned(), generate()),
         ])),
         ..Secret::default()
     }
@@ -466,7 +465,7 @@ fn instance_container(cluster: &DatabaseCluster) -> Container {
             },
             EnvVar {
                 name: "PGDATA".to_owned(),
-                value: Some("/var/lib/postgresql/data/pgdata".to_owned()),
+                value: Some(instance::PGDATA.to_owned()),
                 ..EnvVar::default()
             },
         ]),
@@ -488,11 +487,11 @@ fn instance_container(cluster: &DatabaseCluster) -> Container {
             ..SecurityContext::default()
         }),
         volume_mounts: Some(vec![
-            mount("data", "/var/lib/postgresql/data", false),
-            mount("config", "/etc/cairn/config", true),
-            mount("credentials", "/etc/cairn/credentials", true),
-            mount("podinfo", "/etc/cairn/podinfo", true),
-            mount("run", "/var/run/postgresql", false),
+            mount("data", instance::DATA_MOUNT, false),
+            mount("config", instance::CONFIG_DIR, true),
+            mount("credentials", instance::CREDENTIALS_DIR, true),
+            mount("podinfo", instance::PODINFO_DIR, true),
+            mount("run", instance::RUN_DIR, false),
             mount("tmp", "/tmp", false),
         ]),
         ..Container::default()

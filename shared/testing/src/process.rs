@@ -185,7 +185,7 @@ pub fn sample(metrics: &str, series: &str) -> Option<f64> {
 }
 
 /// A loopback address with a port free right now.
-fn free_address() -> Result<SocketAddr, Error> {
+pub fn free_address() -> Result<SocketAddr, Error> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")
         .map_err(|e| Error::Setup(format!("no free port: {e}")))?;
     listener
@@ -194,7 +194,7 @@ fn free_address() -> Result<SocketAddr, Error> {
 }
 
 /// A minimal HTTP/1.0 GET (the admin server speaks plain HTTP).
-async fn http_get(address: SocketAddr, path: &str) -> Result<(u16, String), Error> {
+pub async fn http_get(address: SocketAddr, path: &str) -> Result<(u16, String), Error> {
     let fail = |e: std::io::Error| Error::Setup(format!("GET http://{address}{path}: {e}"));
     let exchange = async {
         let mut stream = tokio::net::TcpStream::connect(address)

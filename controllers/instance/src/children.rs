@@ -1,0 +1,198 @@
+//! Child processes and their exit statuses, for a process that may be PID 1.
+//!
+//! As PID 1 (or a child subreaper, which this makes itself so the same code
+//! runs in tests) it inherits every orphan and must reap it. One task owns
+//! `waitpid(-1)`: it hands each exit status to whoever spawned that child and
+//! counts the rest as reaped orphans. Nothing else may wait for children, so
+//! children are spawned here, never with `tokio::process`.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::sys::signal::{Signal, kill};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+use tokio::sync::oneshot;
+
+/// How a child ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    Code(i32),
+    Signal(Signal),
+}
+
+impl Exit {
+    pub fn success(self) -> bool {
+        self == Exit::Code(0)
+    }
+}
+
+impl fmt::Display for Exit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Exit::Code(code) => write!(f, "exit code {code}"),
+            Exit::Signal(signal) => write!(f, "killed by {signal}"),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Registry {
+    waiting: HashMap<Pid, oneshot::Sender<Exit>>,
+    orphans_reaped: u64,
+}
+
+/// The reaper; cheap to clone.
+#[derive(Clone)]
+pub struct Children {
+    registry: Arc<Mutex<Registry>>,
+}
+
+/// A running child.
+pub struct Child {
+    pub pid: Pid,
+    exit: oneshot::Receiver<Exit>,
+    status: Option<Exit>,
+}
+
+impl Child {
+    pub fn signal(&self, signal: Signal) {
+        if self.status.is_none() {
+            // ESRCH: it has exited already; its status is on the way.
+            let _ = kill(self.pid, signal);
+        }
+    }
+
+    /// Waits for the exit status (cancel-safe).
+    pub async fn wait(&mut self) -> Exit {
+        if let Some(exit) = self.status {
+            return exit;
+        }
+        // The reaper never drops a registered sender without sending.
+        let exit = (&mut self.exit).await.unwrap_or(Exit::Code(-1));
+        self.status = Some(exit);
+        exit
+    }
+}
+
+/// A finished command's status and output (stdout then stderr).
+pub struct Output {
+    pub exit: Exit,
+    pub output: String,
+}
+
+impl Children {
+    /// Becomes a child subreaper and starts reaping. Needs a Tokio runtime.
+    pub fn start() -> std::io::Result<Self> {
+        nix::sys::prctl::set_child_subreaper(true).map_err(std::io::Error::from)?;
+        let children = Self {
+            registry: Arc::default(),
+        };
+        let mut sigchld = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())?;
+        let reaper = children.clone();
+        tokio::spawn(async move {
+            loop {
+                // Signals coalesce; the timer is a safety net, not the path.
+                let _ = tokio::time::timeout(Duration::from_secs(1), sigchld.recv()).await;
+                reaper.reap();
+            }
+        });
+        Ok(children)
+    }
+
+    /// Starts `command`. Its exit is awaited with [`Child::wait`].
+    pub fn spawn(&self, command: &mut Command) -> std::io::Result<Child> {
+        // Holding the lock across the fork: the reaper cannot take this
+        // child's status for an orphan's before it is registered.
+        let mut registry = self.lock();
+        let child = command.spawn()?;
+        let pid = Pid::from_raw(child.id() as i32);
+        // The std handle is dropped without waiting: the reaper owns that.
+        drop(child);
+        let (sender, exit) = oneshot::channel();
+        registry.waiting.insert(pid, sender);
+        Ok(Child {
+            pid,
+            exit,
+            status: None,
+        })
+    }
+
+    /// Runs `command` to its end, collecting its output.
+    pub async fn run(&self, command: &mut Command) -> std::io::Result<Output> {
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut registry = self.lock();
+        let mut std_child = command.spawn()?;
+        let pid = Pid::from_raw(std_child.id() as i32);
+        let (sender, exit) = oneshot::channel();
+        registry.waiting.insert(pid, sender);
+        drop(registry);
+        let stdout = std_child.stdout.take();
+        let stderr = std_child.stderr.take();
+        drop(std_child);
+        let read = |pipe: Option<Box<dyn Read + Send>>| {
+            tokio::task::spawn_blocking(move || {
+                let mut text = String::new();
+                if let Some(mut pipe) = pipe {
+                    let mut bytes = Vec::new();
+                    let _ = pipe.read_to_end(&mut bytes);
+                    text = String::from_utf8_lossy(&bytes).into_owned();
+                }
+                text
+            })
+        };
+        let stdout = read(stdout.map(|p| Box::new(p) as Box<dyn Read + Send>));
+        let stderr = read(stderr.map(|p| Box::new(p) as Box<dyn Read + Send>));
+        let mut child = Child {
+            pid,
+            exit,
+            status: None,
+        };
+        let exit = child.wait().await;
+        let mut output = stdout.await.unwrap_or_default();
+        output.push_str(&stderr.await.unwrap_or_default());
+        Ok(Output { exit, output })
+    }
+
+    /// Orphans reaped so far (processes this one never started).
+    pub fn orphans_reaped(&self) -> u64 {
+        self.lock().orphans_reaped
+    }
+
+    fn reap(&self) {
+        loop {
+            let (pid, exit) = match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, code)) => (pid, Exit::Code(code)),
+                Ok(WaitStatus::Signaled(pid, signal, _)) => (pid, Exit::Signal(signal)),
+                Ok(WaitStatus::StillAlive) | Err(Errno::ECHILD) => return,
+                Ok(_) | Err(Errno::EINTR) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "waitpid failed");
+                    return;
+                }
+            };
+            let mut registry = self.lock();
+            match registry.waiting.remove(&pid) {
+                Some(sender) => {
+                    let _ = sender.send(exit);
+                }
+                None => {
+                    registry.orphans_reaped += 1;
+                    tracing::debug!(pid = pid.as_raw(), %exit, "reaped an orphan");
+                }
+            }
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Registry> {
+        self.registry.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}

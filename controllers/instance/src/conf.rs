@@ -1,0 +1,138 @@
+//! The files written into the data folder, built without I/O.
+
+use std::path::Path;
+
+/// Per-instance settings, appended after the controller's configuration so
+/// they win (PostgreSQL keeps the last value of a setting).
+pub struct InstanceSettings<'a> {
+    pub port: u16,
+    pub listen_addresses: &'a str,
+    pub socket_dir: &'a Path,
+    pub hba_file: &'a Path,
+    /// Where a replica streams from; `None` on a primary.
+    pub primary_conninfo: Option<String>,
+}
+
+/// `postgresql.conf` in the data folder: the controller's file, then the
+/// instance's settings.
+pub fn postgresql_conf(controller_conf: &str, settings: &InstanceSettings) -> String {
+    let mut conf = String::from(
+        "# Written by cairn-instance at every start and configuration change: edit the\n\
+         # DatabaseCluster's spec.postgres.parameters, not this file.\n",
+    );
+    conf.push_str(controller_conf);
+    if !conf.ends_with('\n') {
+        conf.push('\n');
+    }
+    conf.push_str("\n# Instance settings\n");
+    let mut set = |name: &str, value: &str| {
+        conf.push_str(&format!("{name} = {}\n", quote(value)));
+    };
+    set("port", &settings.port.to_string());
+    set("listen_addresses", settings.listen_addresses);
+    set(
+        "unix_socket_directories",
+        &settings.socket_dir.display().to_string(),
+    );
+    set("hba_file", &settings.hba_file.display().to_string());
+    set(
+        "primary_conninfo",
+        settings.primary_conninfo.as_deref().unwrap_or(""),
+    );
+    conf
+}
+
+/// A libpq connection string to the primary; the password comes from a
+/// password file, so it is in no configuration file and no process list.
+pub fn primary_conninfo(
+    host: &str,
+    port: u16,
+    user: &str,
+    passfile: &Path,
+    application_name: &str,
+) -> String {
+    [
+        ("host", host),
+        ("port", &port.to_string()),
+        ("user", user),
+        ("passfile", &passfile.display().to_string()),
+        ("application_name", application_name),
+    ]
+    .iter()
+    .map(|(key, value)| format!("{key}={}", conninfo_value(value)))
+    .collect::<Vec<_>>()
+    .join(" ")
+}
+
+/// A `.pgpass` line for one host, port and user.
+pub fn pgpass(host: &str, port: u16, user: &str, password: &str) -> String {
+    let escape = |s: &str| s.replace('\\', "\\\\").replace(':', "\\:");
+    format!(
+        "{}:{port}:*:{}:{}\n",
+        escape(host),
+        escape(user),
+        escape(password)
+    )
+}
+
+/// A postgresql.conf string literal.
+fn quote(value: &str) -> String {
+    format!("'{}'", value.replace('\\', "\\\\").replace('\'', "''"))
+}
+
+/// A conninfo value: quoted when it needs to be.
+fn conninfo_value(value: &str) -> String {
+    if !value.is_empty() && !value.contains([' ', '\'', '\\']) {
+        return value.to_owned();
+    }
+    format!("'{}'", value.replace('\\', "\\\\").replace('\'', "\\'"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(primary_conninfo: Option<String>) -> InstanceSettings<'static> {
+        InstanceSettings {
+            port: 5433,
+            listen_addresses: "127.0.0.1",
+            socket_dir: Path::new("/run/pg"),
+            hba_file: Path::new("/etc/cairn/config/pg_hba.conf"),
+            primary_conninfo,
+        }
+    }
+
+    #[test]
+    fn instance_settings_follow_the_controllers() {
+        let conf = postgresql_conf("port = 5432\nwork_mem = '4MB'", &settings(None));
+        let port_lines: Vec<_> = conf.lines().filter(|l| l.starts_with("port")).collect();
+        assert_eq!(port_lines, ["port = 5432", "port = '5433'"]);
+        assert!(conf.contains("work_mem = '4MB'\n"));
+        assert!(conf.contains("primary_conninfo = ''\n"));
+    }
+
+    #[test]
+    fn a_replica_streams_with_a_password_file() {
+        let info = primary_conninfo(
+            "orders-rw",
+            5432,
+            "streaming_replica",
+            Path::new("/run/pg/pgpass"),
+            "orders-1",
+        );
+        assert_eq!(
+            info,
+            "host=orders-rw port=5432 user=streaming_replica passfile=/run/pg/pgpass application_name=orders-1"
+        );
+        let conf = postgresql_conf("", &settings(Some(info)));
+        assert!(conf.contains("primary_conninfo = 'host=orders-rw port=5432"));
+        assert!(!conf.contains("password="));
+    }
+
+    #[test]
+    fn values_are_escaped() {
+        assert_eq!(quote("it's"), "'it''s'");
+        assert_eq!(conninfo_value("a b'c"), "'a b\\'c'");
+        assert_eq!(pgpass("h", 1, "u", "p:w\\d"), "h:1:*:u:p\\:w\\\\d\n");
+    }
+}

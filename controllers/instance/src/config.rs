@@ -1,0 +1,115 @@
+//! Flags and environment. The defaults are the pod contract
+//! (`cairn_api::database::instance`); tests point them at local folders.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use cairn_api::database::instance as contract;
+use cairn_runtime::config::LogFormat;
+use clap::Parser;
+
+#[derive(Clone, Debug, Parser)]
+#[command(
+    name = "cairn-instance",
+    version,
+    about = "Runs PostgreSQL in a Cairn database pod"
+)]
+pub struct Config {
+    /// The data folder (created by initdb or pg_basebackup when absent).
+    #[arg(long, env = "PGDATA", default_value = contract::PGDATA)]
+    pub data_dir: PathBuf,
+    /// The controller's ConfigMap: postgresql.conf and pg_hba.conf.
+    #[arg(long, env = "CAIRN_CONFIG_DIR", default_value = contract::CONFIG_DIR)]
+    pub config_dir: PathBuf,
+    /// The credentials Secret, one file per key.
+    #[arg(long, env = "CAIRN_CREDENTIALS_DIR", default_value = contract::CREDENTIALS_DIR)]
+    pub credentials_dir: PathBuf,
+    /// The assigned role (`primary` or `replica`), kept by the Downward API.
+    #[arg(long, env = "CAIRN_ROLE_FILE", default_value = contract::ROLE_FILE)]
+    pub role_file: PathBuf,
+    /// Unix sockets and the replication password file.
+    #[arg(long, env = "CAIRN_RUN_DIR", default_value = contract::RUN_DIR)]
+    pub run_dir: PathBuf,
+    /// Folder of postgres, initdb and pg_basebackup; found on PATH or from
+    /// `pg_config --bindir` when unset.
+    #[arg(long, env = "CAIRN_POSTGRES_BINDIR")]
+    pub bin_dir: Option<PathBuf>,
+    #[arg(long, env = "CAIRN_POSTGRES_PORT", default_value_t = contract::POSTGRES_PORT)]
+    pub port: u16,
+    #[arg(long, env = "CAIRN_LISTEN_ADDRESSES", default_value = "*")]
+    pub listen_addresses: String,
+    /// `/livez`, `/readyz`, `/status`.
+    #[arg(long, env = "CAIRN_HTTP_ADDRESS", default_value_t = SocketAddr::from(([0, 0, 0, 0], contract::INSTANCE_HTTP_PORT)))]
+    pub http_address: SocketAddr,
+    /// `/metrics` (`cairn_postgres_*`).
+    #[arg(long, env = "CAIRN_METRICS_ADDRESS", default_value_t = SocketAddr::from(([0, 0, 0, 0], contract::INSTANCE_METRICS_PORT)))]
+    pub metrics_address: SocketAddr,
+    /// The DatabaseCluster; the primary is reached at `<cluster>-rw` unless
+    /// `--primary-host` says otherwise.
+    #[arg(long, env = "CAIRN_CLUSTER")]
+    pub cluster: Option<String>,
+    #[arg(long, env = "CAIRN_PRIMARY_HOST")]
+    pub primary_host: Option<String>,
+    #[arg(long, env = "CAIRN_PRIMARY_PORT", default_value_t = contract::POSTGRES_PORT)]
+    pub primary_port: u16,
+    /// This pod, for the observed-state annotation (set by the Downward API).
+    #[arg(long, env = "POD_NAME")]
+    pub pod_name: Option<String>,
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub pod_namespace: Option<String>,
+    /// Write the observed state into the pod's annotation.
+    #[arg(long, env = "CAIRN_REPORT_TO_POD", default_value_t = true, action = clap::ArgAction::Set)]
+    pub report_to_pod: bool,
+    /// A replica further behind its primary than this is not ready.
+    #[arg(long, env = "CAIRN_MAX_LAG_BYTES", default_value_t = 16 * 1024 * 1024)]
+    pub max_lag_bytes: u64,
+    /// A replica that has heard nothing from its primary for this long is not ready.
+    #[arg(long, env = "CAIRN_MAX_LAG_SECONDS", default_value_t = 30)]
+    pub max_lag_seconds: u64,
+    /// After SIGTERM: smart shutdown (waits for sessions) this long, then fast.
+    #[arg(long, env = "CAIRN_SMART_SHUTDOWN_SECONDS", default_value_t = 10)]
+    pub smart_shutdown_seconds: u64,
+    /// Then fast shutdown this long, then immediate (crash recovery at next start).
+    #[arg(long, env = "CAIRN_FAST_SHUTDOWN_SECONDS", default_value_t = 30)]
+    pub fast_shutdown_seconds: u64,
+    /// How often the server, the role file and the configuration are read.
+    #[arg(long, env = "CAIRN_POLL_MILLISECONDS", default_value_t = 1000)]
+    pub poll_milliseconds: u64,
+    /// WAL-position-only changes of the observed state reach the pod at most
+    /// this often; readiness, role and timeline changes are written at once.
+    #[arg(long, env = "CAIRN_REPORT_INTERVAL_SECONDS", default_value_t = 30)]
+    pub report_interval_seconds: u64,
+    #[arg(long, env = "CAIRN_LOG_FORMAT", value_enum, default_value = "json")]
+    pub log_format: LogFormat,
+    #[arg(long, env = "CAIRN_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+}
+
+impl Config {
+    pub fn poll(&self) -> Duration {
+        Duration::from_millis(self.poll_milliseconds.max(100))
+    }
+
+    /// The host replicas clone from and stream from.
+    pub fn primary_host(&self) -> Option<String> {
+        self.primary_host
+            .clone()
+            .or_else(|| self.cluster.as_ref().map(|c| format!("{c}-rw")))
+    }
+
+    pub fn credential(&self, key: &str) -> std::io::Result<String> {
+        let path = self.credentials_dir.join(key);
+        std::fs::read_to_string(&path)
+            .map(|s| s.trim_end_matches(['\n', '\r']).to_owned())
+            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+    }
+
+    /// The path of a PostgreSQL program.
+    pub fn program(&self, name: &str) -> PathBuf {
+        match &self.bin_dir {
+            Some(dir) => dir.join(name),
+            None => PathBuf::from(name),
+        }
+    }
+}

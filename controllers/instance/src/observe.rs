@@ -1,0 +1,225 @@
+//! What the instance reads from its server, and what it concludes: readiness
+//! is a pure function of a sample, unit-tested here.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use cairn_api::database::instance::{ROLE_PRIMARY, ROLE_REPLICA};
+use serde::Serialize;
+use tokio_postgres::Client;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Primary,
+    Replica,
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Role::Primary => ROLE_PRIMARY,
+            Role::Replica => ROLE_REPLICA,
+        })
+    }
+}
+
+impl FromStr for Role {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            ROLE_PRIMARY => Ok(Role::Primary),
+            ROLE_REPLICA => Ok(Role::Replica),
+            "" => Err("no role assigned yet".to_owned()),
+            other => Err(format!("unknown role {other:?}")),
+        }
+    }
+}
+
+/// One reading of the server.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Sample {
+    pub in_recovery: bool,
+    pub server_version: String,
+    pub timeline: Option<u32>,
+    /// `X/Y`: current (primary) or last replayed (replica).
+    pub wal_position: Option<String>,
+    pub wal_bytes: Option<i64>,
+    /// Seconds since the epoch.
+    pub last_checkpoint: Option<f64>,
+    /// A replica's WAL receiver is connected and streaming.
+    pub streaming: bool,
+    /// How far replay is behind the primary's last reported WAL end.
+    pub lag_bytes: Option<i64>,
+    /// Age of the last replayed transaction, 0 when all received WAL is replayed.
+    pub lag_seconds: Option<f64>,
+    /// Client sessions by state.
+    pub connections: Vec<(String, i64)>,
+    /// Settings changed in the configuration that wait for a restart.
+    pub pending_restart: Vec<String>,
+}
+
+const SAMPLE: &str = "
+SELECT pg_is_in_recovery(),
+       current_setting('server_version'),
+       CASE WHEN pg_is_in_recovery()
+            THEN coalesce((SELECT received_tli FROM pg_stat_wal_receiver),
+                          (SELECT timeline_id FROM pg_control_checkpoint()))
+            ELSE (SELECT timeline_id FROM pg_control_checkpoint()) END,
+       lsn::text,
+       (lsn - '0/0')::bigint,
+       extract(epoch FROM (SELECT checkpoint_time FROM pg_control_checkpoint()))::float8,
+       coalesce((SELECT status = 'streaming' FROM pg_stat_wal_receiver), false),
+       (SELECT greatest(latest_end_lsn - lsn, 0)::bigint FROM pg_stat_wal_receiver),
+       CASE WHEN NOT pg_is_in_recovery() THEN NULL
+            WHEN pg_last_wal_receive_lsn() IS NOT DISTINCT FROM lsn THEN 0::float8
+            ELSE coalesce(extract(epoch FROM now() - pg_last_xact_replay_timestamp())::float8, 0) END
+FROM (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
+                  ELSE pg_current_wal_lsn() END AS lsn) AS position";
+
+const CONNECTIONS: &str = "
+SELECT coalesce(state, 'unknown'), count(*)
+FROM pg_stat_activity WHERE backend_type = 'client backend' GROUP BY 1 ORDER BY 1";
+
+const PENDING_RESTART: &str = "SELECT name FROM pg_settings WHERE pending_restart ORDER BY name";
+
+const DATABASE_SIZES: &str =
+    "SELECT datname::text, pg_database_size(oid) FROM pg_database WHERE datallowconn ORDER BY 1";
+
+pub async fn sample(client: &Client) -> Result<Sample, tokio_postgres::Error> {
+    let row = client.query_one(SAMPLE, &[]).await?;
+    let connections = client.query(CONNECTIONS, &[]).await?;
+    let pending = client.query(PENDING_RESTART, &[]).await?;
+    Ok(Sample {
+        in_recovery: row.get(0),
+        server_version: row.get(1),
+        timeline: row.get::<_, Option<i32>>(2).map(|t| t as u32),
+        wal_position: row.get(3),
+        wal_bytes: row.get(4),
+        last_checkpoint: row.get(5),
+        streaming: row.get(6),
+        lag_bytes: row.get(7),
+        lag_seconds: row.get(8),
+        connections: connections.iter().map(|r| (r.get(0), r.get(1))).collect(),
+        pending_restart: pending.iter().map(|r| r.get(0)).collect(),
+    })
+}
+
+/// Sizes of the databases that accept connections (walks their folders, so
+/// it is read less often than the rest).
+pub async fn database_sizes(client: &Client) -> Result<Vec<(String, i64)>, tokio_postgres::Error> {
+    let rows = client.query(DATABASE_SIZES, &[]).await?;
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+/// Limits on a replica's distance from its primary.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub max_lag_bytes: u64,
+    pub max_silence: Duration,
+}
+
+/// Whether the server serves its assigned role; `Err` says why not.
+/// `upstream_silence` is how long a replica has not been streaming (zero
+/// while it streams, `None` if it never has since it started).
+pub fn readiness(
+    assigned: Role,
+    sample: &Sample,
+    upstream_silence: Option<Duration>,
+    roles_ready: bool,
+    limits: Limits,
+) -> Result<(), String> {
+    match assigned {
+        Role::Primary if sample.in_recovery => Err("promoting: still in recovery".to_owned()),
+        Role::Primary if !roles_ready => {
+            Err("creating the application database and roles".to_owned())
+        }
+        Role::Primary => Ok(()),
+        Role::Replica if !sample.in_recovery => {
+            Err("assigned replica but running as a primary".to_owned())
+        }
+        Role::Replica => {
+            let silence =
+                upstream_silence.ok_or_else(|| "not streaming from the primary yet".to_owned())?;
+            if silence > limits.max_silence {
+                return Err(format!(
+                    "not streaming from the primary for {}s (limit {}s)",
+                    silence.as_secs(),
+                    limits.max_silence.as_secs()
+                ));
+            }
+            match sample.lag_bytes {
+                Some(lag) if lag > limits.max_lag_bytes as i64 => Err(format!(
+                    "{lag} bytes behind the primary (limit {})",
+                    limits.max_lag_bytes
+                )),
+                _ => Ok(()),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: Limits = Limits {
+        max_lag_bytes: 1000,
+        max_silence: Duration::from_secs(10),
+    };
+
+    fn replica(lag_bytes: i64) -> Sample {
+        Sample {
+            in_recovery: true,
+            streaming: true,
+            lag_bytes: Some(lag_bytes),
+            ..Sample::default()
+        }
+    }
+
+    #[test]
+    fn a_primary_is_ready_out_of_recovery_with_its_roles() {
+        let primary = Sample::default();
+        assert!(readiness(Role::Primary, &primary, None, true, LIMITS).is_ok());
+        assert!(readiness(Role::Primary, &primary, None, false, LIMITS).is_err());
+        assert!(readiness(Role::Primary, &replica(0), None, true, LIMITS).is_err());
+    }
+
+    #[test]
+    fn a_replica_is_ready_while_it_streams_within_the_limits() {
+        let zero = Some(Duration::ZERO);
+        assert!(readiness(Role::Replica, &replica(0), zero, true, LIMITS).is_ok());
+        assert!(readiness(Role::Replica, &replica(1000), zero, true, LIMITS).is_ok());
+        let behind = readiness(Role::Replica, &replica(1001), zero, true, LIMITS);
+        assert_eq!(
+            behind,
+            Err("1001 bytes behind the primary (limit 1000)".to_owned())
+        );
+    }
+
+    #[test]
+    fn a_replica_cut_from_its_primary_stays_ready_until_the_silence_limit() {
+        let sample = replica(0);
+        let within = Some(Duration::from_secs(10));
+        assert!(readiness(Role::Replica, &sample, within, true, LIMITS).is_ok());
+        let past = Some(Duration::from_secs(11));
+        assert!(readiness(Role::Replica, &sample, past, true, LIMITS).is_err());
+        assert!(readiness(Role::Replica, &sample, None, true, LIMITS).is_err());
+    }
+
+    #[test]
+    fn a_primary_assigned_replica_is_not_ready() {
+        let primary = Sample::default();
+        let zero = Some(Duration::ZERO);
+        assert!(readiness(Role::Replica, &primary, zero, true, LIMITS).is_err());
+    }
+
+    #[test]
+    fn roles_parse_from_the_label_file() {
+        assert_eq!("primary\n".parse(), Ok(Role::Primary));
+        assert_eq!("replica".parse(), Ok(Role::Replica));
+        assert!("".parse::<Role>().is_err());
+        assert!("leader".parse::<Role>().is_err());
+    }
+}

@@ -1,0 +1,678 @@
+//! The instance's life: wait for a role, bootstrap the data folder if it is
+//! new, run postgres, watch it (configuration, role, health), and stop it
+//! cleanly. An unexpected exit of postgres starts it again after a backoff,
+//! in this process: the data folder is never removed or rewritten.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cairn_api::database::instance as contract;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio_postgres::Client;
+use tokio_postgres::error::SqlState;
+
+use crate::children::{Child, Children};
+use crate::conf;
+use crate::config::Config;
+use crate::observe::{self, Limits, Role};
+use crate::state::{Phase, State};
+
+/// A run of postgres that ends in a restart, and why.
+struct Restart(String);
+
+pub struct Supervisor {
+    config: Config,
+    children: Children,
+    state: Arc<State>,
+}
+
+impl Supervisor {
+    pub fn new(config: Config, children: Children, state: Arc<State>) -> Self {
+        Self {
+            config,
+            children,
+            state,
+        }
+    }
+
+    /// Runs until `shutdown` completes, then stops postgres cleanly.
+    pub async fn run(&self, shutdown: impl Future<Output = ()>) {
+        let mut shutdown = std::pin::pin!(shutdown);
+        let mut backoff = Backoff::default();
+        loop {
+            let role = tokio::select! {
+                role = self.wait_for_role() => role,
+                () = &mut shutdown => break,
+            };
+            let prepared = tokio::select! {
+                prepared = self.prepare(role) => prepared,
+                () = &mut shutdown => break,
+            };
+            if let Err(message) = prepared {
+                self.state.error(message);
+                self.state.phase(Phase::Retrying);
+                tokio::select! {
+                    () = tokio::time::sleep(backoff.next()) => continue,
+                    () = &mut shutdown => break,
+                }
+            }
+            let mut postgres = match self.start_postgres() {
+                Ok(child) => child,
+                Err(message) => {
+                    self.state.error(message);
+                    tokio::time::sleep(backoff.next()).await;
+                    continue;
+                }
+            };
+            let started = Instant::now();
+            let pid = postgres.pid;
+            let restart = tokio::select! {
+                exit = postgres.wait() => {
+                    self.state.metrics.restarts.inc();
+                    self.state.update(|s| s.postgres_restarts += 1);
+                    Restart(format!("postgres exited unexpectedly ({exit}); starting it again"))
+                }
+                Restart(reason) = self.watch(pid, role) => {
+                    self.stop(&mut postgres).await;
+                    Restart(reason)
+                }
+                () = &mut shutdown => {
+                    self.stop(&mut postgres).await;
+                    break;
+                }
+            };
+            self.state.error(restart.0);
+            self.state.phase(Phase::Retrying);
+            if started.elapsed() > Duration::from_secs(60) {
+                backoff = Backoff::default();
+            }
+            tokio::select! {
+                () = tokio::time::sleep(backoff.next()) => {}
+                () = &mut shutdown => break,
+            }
+        }
+        self.state.phase(Phase::Stopped);
+    }
+
+    fn read_role(&self) -> Result<Role, String> {
+        let path = &self.config.role_file;
+        std::fs::read_to_string(path)
+            .map_err(|e| format!("role file {}: {e}", path.display()))?
+            .parse()
+    }
+
+    async fn wait_for_role(&self) -> Role {
+        let mut logged = false;
+        loop {
+            match self.read_role() {
+                Ok(role) => {
+                    self.state.update(|s| s.assigned_role = Some(role));
+                    return role;
+                }
+                Err(reason) => {
+                    if !logged {
+                        tracing::info!(%reason, "waiting for a role");
+                        logged = true;
+                    }
+                    self.state.phase(Phase::WaitingForRole);
+                }
+            }
+            tokio::time::sleep(self.config.poll()).await;
+        }
+    }
+
+    /// Makes the data folder ready to start in `role`.
+    async fn prepare(&self, role: Role) -> Result<(), String> {
+        let data = &self.config.data_dir;
+        std::fs::create_dir_all(&self.config.run_dir)
+            .map_err(|e| format!("run folder {}: {e}", self.config.run_dir.display()))?;
+        if role == Role::Replica {
+            self.write_replication_password()?;
+        }
+        match data_folder(data)? {
+            DataFolder::Existing => {
+                tracing::info!(data = %data.display(), %role, "starting from the existing data folder");
+            }
+            DataFolder::Absent => {
+                self.state.phase(Phase::Bootstrapping);
+                match role {
+                    Role::Primary => self.initdb().await?,
+                    Role::Replica => self.clone_primary().await?,
+                }
+            }
+        }
+        self.write_conf(role)?;
+        if role == Role::Replica {
+            // A standby; a primary's folder that held one keeps it, starts in
+            // recovery and is promoted (a new timeline), never just restarted.
+            std::fs::write(data.join("standby.signal"), "")
+                .map_err(|e| format!("standby.signal: {e}"))?;
+        }
+        remove_stale_pid_file(data);
+        Ok(())
+    }
+
+    async fn initdb(&self) -> Result<(), String> {
+        let target = sibling(&self.config.data_dir, "initdb");
+        let superuser_password = self
+            .config
+            .credentials_dir
+            .join(contract::SUPERUSER_PASSWORD_KEY);
+        if !superuser_password.exists() {
+            return Err(format!(
+                "cannot initialise a primary: no superuser password at {}",
+                superuser_password.display()
+            ));
+        }
+        tracing::info!(data = %self.config.data_dir.display(), "initialising a new primary (initdb)");
+        let mut initdb = Command::new(self.config.program("initdb"));
+        initdb
+            .arg("--pgdata")
+            .arg(&target)
+            .args(["--username=postgres", "--encoding=UTF8", "--no-locale"])
+            .args(["--auth-local=peer", "--auth-host=scram-sha-256"])
+            .arg("--data-checksums")
+            .arg("--no-instructions")
+            .arg(format!("--pwfile={}", superuser_password.display()));
+        self.run_into(&mut initdb, &target, "initdb").await
+    }
+
+    async fn clone_primary(&self) -> Result<(), String> {
+        let target = sibling(&self.config.data_dir, "clone");
+        let host = self.primary_host()?;
+        let user = self.credential(contract::REPLICATION_USER_KEY)?;
+        tracing::info!(%host, port = self.config.primary_port, "cloning the primary (pg_basebackup)");
+        let mut basebackup = Command::new(self.config.program("pg_basebackup"));
+        basebackup
+            .arg("--pgdata")
+            .arg(&target)
+            .args([
+                "--host",
+                &host,
+                "--port",
+                &self.config.primary_port.to_string(),
+            ])
+            .args(["--username", &user, "--no-password"])
+            .args(["--wal-method=stream", "--checkpoint=fast"])
+            .env("PGPASSFILE", self.passfile())
+            .env("PGCONNECT_TIMEOUT", "10");
+        self.run_into(&mut basebackup, &target, "pg_basebackup")
+            .await
+    }
+
+    /// Runs a program that fills `target`, then moves `target` to the data
+    /// folder: a folder that is there is always complete.
+    async fn run_into(
+        &self,
+        command: &mut Command,
+        target: &Path,
+        what: &str,
+    ) -> Result<(), String> {
+        let data = &self.config.data_dir;
+        remove_dir_if_present(target)?;
+        let output = self
+            .children
+            .run(command)
+            .await
+            .map_err(|e| format!("cannot run {what}: {e}"))?;
+        if !output.exit.success() {
+            let _ = remove_dir_if_present(target);
+            return Err(format!(
+                "{what} failed ({}): {}",
+                output.exit,
+                last_lines(&output.output, 3)
+            ));
+        }
+        if data.exists() {
+            // An empty folder, or `data_folder` would have refused.
+            std::fs::remove_dir(data).map_err(|e| format!("{}: {e}", data.display()))?;
+        }
+        std::fs::rename(target, data)
+            .map_err(|e| format!("moving {} to {}: {e}", target.display(), data.display()))?;
+        tracing::info!(data = %data.display(), "{what} done");
+        Ok(())
+    }
+
+    /// postgresql.conf in the data folder: the controller's, then this instance's.
+    fn write_conf(&self, role: Role) -> Result<(), String> {
+        let source = self.config.config_dir.join("postgresql.conf");
+        let controller_conf = std::fs::read_to_string(&source)
+            .map_err(|e| format!("configuration {}: {e}", source.display()))?;
+        let primary_conninfo = match role {
+            Role::Primary => None,
+            Role::Replica => Some(conf::primary_conninfo(
+                &self.primary_host()?,
+                self.config.primary_port,
+                &self.credential(contract::REPLICATION_USER_KEY)?,
+                &self.passfile(),
+                self.config.pod_name.as_deref().unwrap_or("cairn-instance"),
+            )),
+        };
+        let hba_file = self.config.config_dir.join("pg_hba.conf");
+        let text = conf::postgresql_conf(
+            &controller_conf,
+            &conf::InstanceSettings {
+                port: self.config.port,
+                listen_addresses: &self.config.listen_addresses,
+                socket_dir: &self.config.run_dir,
+                hba_file: &hba_file,
+                primary_conninfo,
+            },
+        );
+        write_atomically(&self.config.data_dir.join("postgresql.conf"), &text, 0o600)
+    }
+
+    fn write_replication_password(&self) -> Result<(), String> {
+        let line = conf::pgpass(
+            "*",
+            self.config.primary_port,
+            &self.credential(contract::REPLICATION_USER_KEY)?,
+            &self.credential(contract::REPLICATION_PASSWORD_KEY)?,
+        );
+        write_atomically(&self.passfile(), &line, 0o600)
+    }
+
+    fn start_postgres(&self) -> Result<Child, String> {
+        let mut postgres = Command::new(self.config.program("postgres"));
+        postgres
+            .arg("-D")
+            .arg(&self.config.data_dir)
+            .stdin(Stdio::null());
+        let child = self
+            .children
+            .spawn(&mut postgres)
+            .map_err(|e| format!("cannot start postgres: {e}"))?;
+        tracing::info!(pid = child.pid.as_raw(), "postgres started");
+        self.state.answered();
+        self.state.phase(Phase::Running);
+        Ok(child)
+    }
+
+    /// Smart shutdown (waits for sessions), then fast (disconnects them, clean
+    /// checkpoint), then immediate (crash recovery at the next start).
+    async fn stop(&self, postgres: &mut Child) {
+        self.state.phase(Phase::Stopping);
+        let steps = [
+            (Signal::SIGTERM, "smart", self.config.smart_shutdown_seconds),
+            (Signal::SIGINT, "fast", self.config.fast_shutdown_seconds),
+            (Signal::SIGQUIT, "immediate", 30),
+        ];
+        for (signal, mode, seconds) in steps {
+            tracing::info!(mode, "stopping postgres");
+            postgres.signal(signal);
+            let limit = Duration::from_secs(seconds);
+            if let Ok(exit) = tokio::time::timeout(limit, postgres.wait()).await {
+                tracing::info!(%exit, mode, "postgres stopped");
+                return;
+            }
+        }
+        tracing::error!("postgres did not stop; killing it");
+        postgres.signal(Signal::SIGKILL);
+        postgres.wait().await;
+    }
+
+    /// Watches a running postgres until it must restart in another role.
+    async fn watch(&self, postgres: Pid, started_as: Role) -> Restart {
+        let limits = Limits {
+            max_lag_bytes: self.config.max_lag_bytes,
+            max_silence: Duration::from_secs(self.config.max_lag_seconds),
+        };
+        let mut client: Option<Client> = None;
+        let mut config_seen = self.config_files();
+        let mut assigned = started_as;
+        let mut roles_ready = false;
+        let mut promoted = false;
+        let mut last_streaming: Option<Instant> = None;
+        let mut pending_logged: Vec<String> = Vec::new();
+        let mut tick: u64 = 0;
+        loop {
+            tick += 1;
+            if tick > 1 {
+                tokio::time::sleep(self.config.poll()).await;
+            }
+            match self.read_role() {
+                Ok(role) => assigned = role,
+                Err(reason) => tracing::warn!(%reason, role = %assigned, "keeping the last role"),
+            }
+            self.state.update(|s| s.assigned_role = Some(assigned));
+            let config_now = self.config_files();
+            if config_now != config_seen {
+                match self.write_conf(assigned) {
+                    Ok(()) => {
+                        let _ = kill(postgres, Signal::SIGHUP);
+                        tracing::info!("configuration changed: postgres reloaded");
+                        config_seen = config_now;
+                    }
+                    Err(message) => self.state.error(message),
+                }
+            }
+            if client.is_none() {
+                match self.connect().await {
+                    Ok(connected) => client = Some(connected),
+                    Err(reason) => {
+                        self.state.observe(None, Err(reason));
+                        continue;
+                    }
+                }
+            }
+            let Some(connection) = client.as_ref() else {
+                continue;
+            };
+            let sample = match observe::sample(connection).await {
+                Ok(sample) => sample,
+                Err(e) => {
+                    client = None;
+                    self.state.observe(None, Err(format!("query failed: {e}")));
+                    continue;
+                }
+            };
+            self.state.answered();
+            match (assigned, sample.in_recovery) {
+                (Role::Replica, false) => {
+                    return Restart(
+                        "assigned replica while running as a primary: restarting as a standby"
+                            .to_owned(),
+                    );
+                }
+                (Role::Primary, true) if !promoted => {
+                    promoted = self.promote(connection).await;
+                }
+                (Role::Primary, false) if !roles_ready => {
+                    roles_ready = self.ensure_roles(connection).await;
+                }
+                _ => {}
+            }
+            if sample.streaming {
+                last_streaming = Some(Instant::now());
+            }
+            let silence = last_streaming.map(|at| at.elapsed());
+            let ready = observe::readiness(assigned, &sample, silence, roles_ready, limits);
+            if ready.is_ok() {
+                self.state.clear_error();
+            }
+            if sample.pending_restart != pending_logged {
+                if !sample.pending_restart.is_empty() {
+                    tracing::warn!(settings = ?sample.pending_restart, "settings changed that take effect only after a restart");
+                }
+                pending_logged = sample.pending_restart.clone();
+            }
+            self.state.observe(Some(&sample), ready);
+            if tick % 30 == 1
+                && let Ok(sizes) = observe::database_sizes(connection).await
+            {
+                self.state.metrics.database_sizes(&sizes);
+            }
+        }
+    }
+
+    async fn promote(&self, client: &Client) -> bool {
+        tracing::info!("assigned primary while in recovery: promoting");
+        if let Err(message) = self.write_conf(Role::Primary) {
+            self.state.error(message);
+            return false;
+        }
+        match client
+            .execute("SELECT pg_promote(wait => false)", &[])
+            .await
+        {
+            Ok(_) => true,
+            Err(e) => {
+                self.state.error(format!("promotion failed: {e}"));
+                false
+            }
+        }
+    }
+
+    /// The application database, its owner and the replication user, created
+    /// when missing. Passwords travel as SCRAM verifiers, never in clear.
+    async fn ensure_roles(&self, client: &Client) -> bool {
+        match self.try_ensure_roles(client).await {
+            Ok(()) => true,
+            Err(message) => {
+                self.state
+                    .error(format!("creating the application roles: {message}"));
+                false
+            }
+        }
+    }
+
+    async fn try_ensure_roles(&self, client: &Client) -> Result<(), String> {
+        let owner = self.credential(contract::OWNER_KEY)?;
+        let database = self.credential(contract::DATABASE_KEY)?;
+        let users = [
+            (owner.clone(), contract::OWNER_PASSWORD_KEY, "LOGIN"),
+            (
+                self.credential(contract::REPLICATION_USER_KEY)?,
+                contract::REPLICATION_PASSWORD_KEY,
+                "LOGIN REPLICATION",
+            ),
+        ];
+        let sql = |e: tokio_postgres::Error| e.to_string();
+        for (user, password_key, attributes) in users {
+            let exists = client
+                .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&user])
+                .await
+                .map_err(sql)?;
+            if exists.is_none() {
+                let password = self.credential(password_key)?;
+                let verifier = postgres_protocol::password::scram_sha_256(password.as_bytes());
+                client
+                    .batch_execute(&format!(
+                        "CREATE ROLE {} {attributes} PASSWORD {}",
+                        identifier(&user),
+                        literal(&verifier)
+                    ))
+                    .await
+                    .map_err(sql)?;
+                tracing::info!(role = %user, "created role");
+            }
+        }
+        let exists = client
+            .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&database])
+            .await
+            .map_err(sql)?;
+        if exists.is_none() {
+            client
+                .batch_execute(&format!(
+                    "CREATE DATABASE {} OWNER {}",
+                    identifier(&database),
+                    identifier(&owner)
+                ))
+                .await
+                .map_err(sql)?;
+            tracing::info!(%database, %owner, "created the application database");
+        }
+        Ok(())
+    }
+
+    /// A session as the superuser over loopback (pg_hba's `local` line is
+    /// peer authentication, which needs the OS user to be `postgres`).
+    async fn connect(&self) -> Result<Client, String> {
+        let password = self.credential(contract::SUPERUSER_PASSWORD_KEY)?;
+        let mut config = tokio_postgres::Config::new();
+        config
+            .host("127.0.0.1")
+            .port(self.config.port)
+            .user("postgres")
+            .password(password)
+            .dbname("postgres")
+            .application_name("cairn-instance")
+            .connect_timeout(Duration::from_secs(3));
+        match config.connect(tokio_postgres::NoTls).await {
+            Ok((client, connection)) => {
+                tokio::spawn(connection);
+                Ok(client)
+            }
+            Err(e) => {
+                let code = e.code();
+                if code.is_some() {
+                    // It answered, with a refusal: alive.
+                    self.state.answered();
+                }
+                if code == Some(&SqlState::INVALID_PASSWORD)
+                    || code == Some(&SqlState::INVALID_AUTHORIZATION_SPECIFICATION)
+                {
+                    let message = format!("postgres refused the superuser's credentials: {e}");
+                    self.state.error(message.clone());
+                    return Err(message);
+                }
+                Err(format!("not accepting connections: {e}"))
+            }
+        }
+    }
+
+    fn config_files(&self) -> Option<(String, String)> {
+        let read = |name: &str| std::fs::read_to_string(self.config.config_dir.join(name)).ok();
+        Some((read("postgresql.conf")?, read("pg_hba.conf")?))
+    }
+
+    fn primary_host(&self) -> Result<String, String> {
+        self.config.primary_host().ok_or_else(|| {
+            "no primary to follow: set CAIRN_CLUSTER or CAIRN_PRIMARY_HOST".to_owned()
+        })
+    }
+
+    fn credential(&self, key: &str) -> Result<String, String> {
+        self.config
+            .credential(key)
+            .map_err(|e| format!("credentials: {e}"))
+    }
+
+    fn passfile(&self) -> PathBuf {
+        self.config.run_dir.join("pgpass")
+    }
+}
+
+enum DataFolder {
+    Existing,
+    Absent,
+}
+
+/// An existing data folder is used as it is; an absent or empty one is
+/// bootstrapped; anything else is refused, never overwritten.
+fn data_folder(data: &Path) -> Result<DataFolder, String> {
+    if data.join("PG_VERSION").exists() {
+        return Ok(DataFolder::Existing);
+    }
+    match std::fs::read_dir(data) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(DataFolder::Absent),
+        Err(e) => Err(format!("data folder {}: {e}", data.display())),
+        Ok(mut entries) => match entries.next() {
+            None => Ok(DataFolder::Absent),
+            Some(_) => Err(format!(
+                "data folder {} is not empty but holds no PG_VERSION: refusing to initialise over it",
+                data.display()
+            )),
+        },
+    }
+}
+
+/// A folder beside the data folder, on the same filesystem (so a rename moves it).
+fn sibling(data: &Path, suffix: &str) -> PathBuf {
+    let mut name = data.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".{suffix}"));
+    data.with_file_name(name)
+}
+
+fn remove_dir_if_present(dir: &Path) -> Result<(), String> {
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(format!("{}: {e}", dir.display()))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A postmaster.pid left by a postgres that no longer runs (the container
+/// restarted): its pid may now belong to another process, which would make
+/// postgres refuse to start.
+fn remove_stale_pid_file(data: &Path) {
+    let path = data.join("postmaster.pid");
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return;
+    };
+    let pid = text.lines().next().unwrap_or_default().trim();
+    let running = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|cmdline| String::from_utf8_lossy(&cmdline).contains("postgres"))
+        .unwrap_or(false);
+    if !running {
+        tracing::info!(pid, "removing a stale postmaster.pid");
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
+fn write_atomically(path: &Path, text: &str, mode: u32) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let temporary = path.with_extension("cairn-tmp");
+    std::fs::write(&temporary, text)
+        .and_then(|()| std::fs::set_permissions(&temporary, std::fs::Permissions::from_mode(mode)))
+        .and_then(|()| std::fs::rename(&temporary, path))
+        .map_err(|e| format!("writing {}: {e}", path.display()))
+}
+
+fn last_lines(text: &str, count: usize) -> String {
+    let lines: Vec<_> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(count)..].join(" | ")
+}
+
+fn identifier(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+fn literal(value: &str) -> String {
+    format!("'{}'", value.replace('\'', "''"))
+}
+
+/// 1 s, doubling to 30 s.
+#[derive(Default)]
+struct Backoff {
+    attempts: u32,
+}
+
+impl Backoff {
+    fn next(&mut self) -> Duration {
+        let delay = Duration::from_secs(1 << self.attempts.min(5)).min(Duration::from_secs(30));
+        self.attempts += 1;
+        delay
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_thirty_seconds() {
+        let mut backoff = Backoff::default();
+        let delays: Vec<_> = (0..7).map(|_| backoff.next().as_secs()).collect();
+        assert_eq!(delays, [1, 2, 4, 8, 16, 30, 30]);
+    }
+
+    #[test]
+    fn a_foreign_folder_is_refused() {
+        let dir = std::env::temp_dir().join(format!("cairn-instance-unit-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(matches!(data_folder(&dir), Ok(DataFolder::Absent)));
+        std::fs::create_dir_all(&dir).unwrap_or_default();
+        assert!(matches!(data_folder(&dir), Ok(DataFolder::Absent)));
+        std::fs::write(dir.join("notes.txt"), "mine").unwrap_or_default();
+        let refused = data_folder(&dir).err().unwrap_or_default();
+        assert!(refused.contains("refusing"), "{refused}");
+        std::fs::write(dir.join("PG_VERSION"), "15").unwrap_or_default();
+        assert!(matches!(data_folder(&dir), Ok(DataFolder::Existing)));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn quoting() {
+        assert_eq!(identifier("a\"b"), "\"a\"\"b\"");
+        assert_eq!(literal("it's"), "'it''s'");
+        assert_eq!(
+            sibling(Path::new("/d/pgdata"), "clone"),
+            Path::new("/d/pgdata.clone")
+        );
+    }
+}

@@ -1,0 +1,182 @@
+//! A primary and two replicas, each a cairn-instance process running a real
+//! PostgreSQL server on loopback.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::{Fixture, Result};
+
+#[tokio::test]
+async fn a_primary_and_two_replicas_stream_and_resume() -> Result {
+    let fixture = Fixture::new("replication", &[])?;
+    let primary = fixture.start(&fixture.instance("orders-0", "primary")?)?;
+    let took = primary.wait_ready(Duration::from_secs(60)).await?;
+    println!(
+        "primary ready {:.1} s after start (initdb included)",
+        took.as_secs_f64()
+    );
+    let status = primary.status().await?;
+    assert_eq!(status["role"], "primary");
+    assert_eq!(status["timeline"], 1);
+    assert!(
+        status["serverVersion"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("15")
+    );
+
+    // The application's database and owner exist, with the Secret's password.
+    let credentials = &fixture.credentials;
+    let (app, connection) = tokio_postgres::Config::new()
+        .host("127.0.0.1")
+        .port(primary.spec.port)
+        .user(&credentials["username"])
+        .password(&credentials["password"])
+        .dbname(&credentials["database"])
+        .connect(tokio_postgres::NoTls)
+        .await?;
+    tokio::spawn(connection);
+    app.batch_execute("CREATE TABLE orders (id int PRIMARY KEY, item text)")
+        .await?;
+
+    let specs = [
+        fixture.instance("orders-1", "replica")?.following(&primary),
+        fixture.instance("orders-2", "replica")?.following(&primary),
+    ];
+    let mut replicas = Vec::new();
+    for spec in &specs {
+        let replica = fixture.start(spec)?;
+        let took = replica.wait_ready(Duration::from_secs(60)).await?;
+        println!(
+            "{} ready {:.1} s after start (base backup included)",
+            spec.name,
+            took.as_secs_f64()
+        );
+        replicas.push(replica);
+    }
+
+    // A row written on the primary is readable on both replicas within 5 s.
+    app.execute("INSERT INTO orders VALUES (1, 'tea')", &[])
+        .await?;
+    let written = Instant::now();
+    for replica in &replicas {
+        let session = replica_session(replica, credentials).await?;
+        loop {
+            let rows = session
+                .query("SELECT item FROM orders WHERE id = 1", &[])
+                .await?;
+            if rows.len() == 1 {
+                println!(
+                    "row visible on {} {:.0} ms after the commit",
+                    replica.spec.name,
+                    written.elapsed().as_secs_f64() * 1000.0
+                );
+                break;
+            }
+            assert!(
+                written.elapsed() < Duration::from_secs(5),
+                "row not on {} within 5 s",
+                replica.spec.name
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let status = replica.status().await?;
+        assert_eq!(status["role"], "replica", "{status}");
+        assert_eq!(status["assignedRole"], "replica");
+        assert_eq!(status["streaming"], true);
+        assert_eq!(status["timeline"], 1);
+        replica
+            .wait_status("zero lag", Duration::from_secs(10), |s| {
+                s["replicationLagBytes"] == 0 && s["replicationLagSeconds"] == 0.0
+            })
+            .await?;
+    }
+    let primary_position = primary.status().await?["walPosition"].clone();
+    for replica in &replicas {
+        replica
+            .wait_status("the primary's WAL position", Duration::from_secs(10), |s| {
+                s["walPosition"] == primary_position || primary_position.is_null()
+            })
+            .await
+            .ok();
+    }
+
+    // A replica restarted on its data folder resumes streaming: no new base backup.
+    let mut first = replicas.remove(0);
+    let exit = first.terminate(Duration::from_secs(60)).await?;
+    assert!(exit.success(), "{exit}");
+    assert_eq!(first.cluster_state()?, "shut down in recovery");
+    app.execute("INSERT INTO orders VALUES (2, 'coffee')", &[])
+        .await?;
+    let restarted = fixture.start(&specs[0])?;
+    restarted.wait_ready(Duration::from_secs(30)).await?;
+    let session = replica_session(&restarted, credentials).await?;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while session
+        .query("SELECT 1 FROM orders WHERE id = 2", &[])
+        .await?
+        .is_empty()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the restarted replica did not catch up"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let log = restarted.log_text();
+    assert!(
+        log.contains("starting from the existing data folder"),
+        "{log}"
+    );
+    assert!(
+        !log.contains("pg_basebackup"),
+        "a restart must not clone again:\n{log}"
+    );
+
+    // The primary goes away: its replicas stay ready until the silence limit
+    // (3 s here), then are not.
+    let mut primary = primary;
+    drop(app);
+    primary.terminate(Duration::from_secs(60)).await?;
+    let stopped = Instant::now();
+    for replica in [&restarted, &replicas[0]] {
+        let took = replica
+            .wait_status(
+                "not ready without its primary",
+                Duration::from_secs(20),
+                |s| s["ready"] == false,
+            )
+            .await?;
+        let elapsed = stopped.elapsed();
+        println!(
+            "{} not ready {:.1} s after the primary stopped",
+            replica.spec.name,
+            elapsed.as_secs_f64()
+        );
+        assert!(
+            elapsed >= Duration::from_secs(3),
+            "not ready before the limit: {took:?}"
+        );
+        let (code, body) = replica.get("/readyz").await?;
+        assert_eq!(code, 503);
+        assert!(body.contains("not streaming from the primary"), "{body}");
+    }
+    Ok(())
+}
+
+async fn replica_session(
+    replica: &support::Instance,
+    credentials: &std::collections::BTreeMap<String, String>,
+) -> Result<tokio_postgres::Client> {
+    let (client, connection) = tokio_postgres::Config::new()
+        .host("127.0.0.1")
+        .port(replica.spec.port)
+        .user(&credentials["username"])
+        .password(&credentials["password"])
+        .dbname(&credentials["database"])
+        .connect(tokio_postgres::NoTls)
+        .await?;
+    tokio::spawn(connection);
+    Ok(client)
+}

@@ -1,0 +1,398 @@
+//! Real PostgreSQL servers run by real cairn-instance processes on loopback.
+//!
+//! A `Fixture` is one database cluster's shared files: the controller's
+//! ConfigMap and credentials Secret, rendered by the controller's own `build`
+//! code and written as the kubelet would mount them. Each `Instance` is a
+//! cairn-instance process with its own data folder, role file and ports.
+//! PostgreSQL refuses to run as root, so under root the processes run as the
+//! `postgres` user (created by Debian's package), else as the current user.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use cairn_api::database::v1::DatabaseCluster;
+use cairn_database_controller::build;
+use cairn_testing::process::{free_address, http_get};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::Value;
+use tokio::process::{Child, Command};
+
+pub type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+/// The programs of Debian's postgresql package (hack/postgres.sh installs it).
+pub fn postgres_bindir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("CAIRN_POSTGRES_BINDIR") {
+        return dir.into();
+    }
+    let found = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("bin"))
+        .find(|bin| bin.join("postgres").exists());
+    found.expect(
+        "no PostgreSQL server: run hack/test.sh, or hack/postgres.sh and set CAIRN_POSTGRES_BINDIR",
+    )
+}
+
+/// The user the servers run as: (uid, gid).
+fn server_user() -> Option<(u32, u32)> {
+    if !nix::unistd::geteuid().is_root() {
+        return None;
+    }
+    let user = nix::unistd::User::from_name("postgres")
+        .ok()
+        .flatten()
+        .expect("running as root needs a `postgres` user (Debian's postgresql package creates it)");
+    Some((user.uid.as_raw(), user.gid.as_raw()))
+}
+
+pub struct Fixture {
+    pub root: PathBuf,
+    pub config_dir: PathBuf,
+    pub credentials_dir: PathBuf,
+    pub credentials: BTreeMap<String, String>,
+    binary: PathBuf,
+    user: Option<(u32, u32)>,
+}
+
+impl Fixture {
+    /// A cluster `orders` with `parameters` in its spec.
+    pub fn new(test: &str, parameters: &[(&str, &str)]) -> Result<Self> {
+        let root =
+            std::env::temp_dir().join(format!("cairn-instance-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root)?;
+        let user = server_user();
+        // The test binary's folder may not be reachable by the server's user.
+        let binary = root.join("cairn-instance");
+        std::fs::copy(env!("CARGO_BIN_EXE_cairn-instance"), &binary)?;
+        let fixture = Self {
+            config_dir: root.join("config"),
+            credentials_dir: root.join("credentials"),
+            credentials: BTreeMap::new(),
+            root,
+            binary,
+            user,
+        };
+        let mut fixture = fixture;
+        let cluster = cluster(parameters)?;
+        let config = build::config_map(&cluster).data.unwrap_or_default();
+        fixture.credentials = build::credentials(&cluster, &mut build::random_password)
+            .string_data
+            .unwrap_or_default();
+        std::fs::create_dir_all(&fixture.config_dir)?;
+        for (name, text) in &config {
+            std::fs::write(fixture.config_dir.join(name), text)?;
+        }
+        fixture.write_credentials(&fixture.credentials_dir, &fixture.credentials)?;
+        fixture.own(&fixture.root)?;
+        Ok(fixture)
+    }
+
+    /// Writes a credentials folder (mode 0400 files, as the Secret volume).
+    pub fn write_credentials(&self, dir: &Path, credentials: &BTreeMap<String, String>) -> Result {
+        std::fs::create_dir_all(dir)?;
+        for (key, value) in credentials {
+            let path = dir.join(key);
+            std::fs::write(&path, value)?;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o400))?;
+        }
+        self.own(dir)
+    }
+
+    /// Gives `path` (recursively) to the servers' user.
+    pub fn own(&self, path: &Path) -> Result {
+        std::fs::set_permissions(&self.root, std::fs::Permissions::from_mode(0o755))?;
+        let Some((uid, gid)) = self.user else {
+            return Ok(());
+        };
+        let status = std::process::Command::new("chown")
+            .arg("-R")
+            .arg(format!("{uid}:{gid}"))
+            .arg(path)
+            .status()?;
+        if !status.success() {
+            return Err(format!("chown {}: {status}", path.display()).into());
+        }
+        Ok(())
+    }
+
+    /// Replaces the controller's postgresql.conf the way the kubelet updates
+    /// a ConfigMap volume: a new file moved into place.
+    pub fn set_parameters(&self, parameters: &[(&str, &str)]) -> Result {
+        let config = build::config_map(&cluster(parameters)?)
+            .data
+            .unwrap_or_default();
+        let path = self.config_dir.join("postgresql.conf");
+        let temporary = self.config_dir.join(".postgresql.conf.new");
+        std::fs::write(&temporary, &config["postgresql.conf"])?;
+        std::fs::rename(&temporary, &path)?;
+        self.own(&path)
+    }
+
+    pub fn instance(&self, name: &str, role: &str) -> Result<InstanceSpec> {
+        let dir = self.root.join(name);
+        std::fs::create_dir_all(dir.join("podinfo"))?;
+        std::fs::create_dir_all(dir.join("data"))?;
+        std::fs::create_dir_all(dir.join("run"))?;
+        std::fs::write(dir.join("podinfo").join("role"), role)?;
+        self.own(&dir)?;
+        Ok(InstanceSpec {
+            name: name.to_owned(),
+            port: free_address()?.port(),
+            http: free_address()?,
+            metrics: free_address()?,
+            primary_port: None,
+            credentials_dir: self.credentials_dir.clone(),
+            env: Vec::new(),
+            dir,
+        })
+    }
+
+    /// Starts an instance.
+    pub fn start(&self, spec: &InstanceSpec) -> Result<Instance> {
+        let logs = self.root.join("logs");
+        std::fs::create_dir_all(&logs)?;
+        let log = logs.join(format!("{}-{}.log", spec.name, now_millis()));
+        let file = std::fs::File::create(&log)?;
+        let mut command = Command::new(&self.binary);
+        command
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("PGDATA", spec.data_dir())
+            .env("CAIRN_CONFIG_DIR", &self.config_dir)
+            .env("CAIRN_CREDENTIALS_DIR", &spec.credentials_dir)
+            .env("CAIRN_ROLE_FILE", spec.dir.join("podinfo").join("role"))
+            .env("CAIRN_RUN_DIR", spec.dir.join("run"))
+            .env("CAIRN_POSTGRES_BINDIR", postgres_bindir())
+            .env("CAIRN_POSTGRES_PORT", spec.port.to_string())
+            .env("CAIRN_LISTEN_ADDRESSES", "127.0.0.1")
+            .env("CAIRN_HTTP_ADDRESS", spec.http.to_string())
+            .env("CAIRN_METRICS_ADDRESS", spec.metrics.to_string())
+            .env("CAIRN_PRIMARY_HOST", "127.0.0.1")
+            .env(
+                "CAIRN_PRIMARY_PORT",
+                spec.primary_port.unwrap_or(0).to_string(),
+            )
+            .env("POD_NAME", &spec.name)
+            .env("CAIRN_POLL_MILLISECONDS", "200")
+            .env("CAIRN_MAX_LAG_SECONDS", "3")
+            .env("CAIRN_LOG_FORMAT", "text")
+            .env("CAIRN_LOG_LEVEL", "info,cairn_instance=debug")
+            .envs(spec.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .kill_on_drop(true);
+        if let Some((uid, gid)) = self.user {
+            command.uid(uid).gid(gid);
+        }
+        let child = command.spawn()?;
+        Ok(Instance {
+            spec: spec.clone(),
+            log,
+            child,
+            password: self.credentials["superuser-password"].clone(),
+        })
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("instance logs and data kept in {}", self.root.display());
+            for log in std::fs::read_dir(self.root.join("logs"))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let text = std::fs::read_to_string(log.path()).unwrap_or_default();
+                let tail: Vec<_> = text.lines().rev().take(40).collect();
+                eprintln!("--- {} (last 40 lines)", log.path().display());
+                for line in tail.iter().rev() {
+                    eprintln!("{line}");
+                }
+            }
+        } else {
+            let _ = std::fs::remove_dir_all(&self.root);
+        }
+    }
+}
+
+fn cluster(parameters: &[(&str, &str)]) -> Result<DatabaseCluster> {
+    let parameters: BTreeMap<_, _> = parameters.iter().copied().collect();
+    Ok(serde_json::from_value(serde_json::json!({
+        "apiVersion": "database.cairn.dev/v1",
+        "kind": "DatabaseCluster",
+        "metadata": { "name": "orders", "namespace": "shop", "uid": "uid-1" },
+        "spec": {
+            "instances": 3,
+            "postgres": { "version": "15", "parameters": parameters },
+            "storage": { "size": "1Gi" },
+        },
+    }))?)
+}
+
+fn now_millis() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or_default()
+}
+
+#[derive(Clone)]
+pub struct InstanceSpec {
+    pub name: String,
+    pub dir: PathBuf,
+    pub port: u16,
+    pub http: SocketAddr,
+    pub metrics: SocketAddr,
+    pub primary_port: Option<u16>,
+    pub credentials_dir: PathBuf,
+    pub env: Vec<(String, String)>,
+}
+
+impl InstanceSpec {
+    pub fn following(mut self, primary: &Instance) -> Self {
+        self.primary_port = Some(primary.spec.port);
+        self
+    }
+
+    pub fn env(mut self, name: &str, value: &str) -> Self {
+        self.env.push((name.to_owned(), value.to_owned()));
+        self
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.join("data").join("pgdata")
+    }
+}
+
+pub struct Instance {
+    pub spec: InstanceSpec,
+    pub log: PathBuf,
+    child: Child,
+    password: String,
+}
+
+impl Instance {
+    pub async fn get(&self, path: &str) -> Result<(u16, String)> {
+        Ok(http_get(self.spec.http, path).await?)
+    }
+
+    pub async fn status(&self) -> Result<Value> {
+        let (_, body) = self.get("/status").await?;
+        Ok(serde_json::from_str(&body)?)
+    }
+
+    pub async fn ready(&self) -> bool {
+        matches!(self.get("/readyz").await, Ok((200, _)))
+    }
+
+    pub async fn metric(&self, series: &str) -> Result<Option<f64>> {
+        let (_, body) = http_get(self.spec.metrics, "/metrics").await?;
+        Ok(cairn_testing::process::sample(&body, series))
+    }
+
+    /// Waits until `/status` satisfies `check`; returns the time it took.
+    pub async fn wait_status(
+        &self,
+        what: &str,
+        timeout: Duration,
+        check: impl Fn(&Value) -> bool,
+    ) -> Result<Duration> {
+        let start = Instant::now();
+        let mut last = Value::Null;
+        while start.elapsed() < timeout {
+            if let Ok(status) = self.status().await {
+                if check(&status) {
+                    return Ok(start.elapsed());
+                }
+                last = status;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(format!(
+            "{}: {what} not within {timeout:?}; last status {last}",
+            self.spec.name
+        )
+        .into())
+    }
+
+    pub async fn wait_ready(&self, timeout: Duration) -> Result<Duration> {
+        self.wait_status("ready", timeout, |s| s["ready"] == true)
+            .await
+    }
+
+    /// A superuser session on the instance's server.
+    pub async fn sql(&self) -> Result<tokio_postgres::Client> {
+        let (client, connection) = tokio_postgres::Config::new()
+            .host("127.0.0.1")
+            .port(self.spec.port)
+            .user("postgres")
+            .password(&self.password)
+            .dbname("postgres")
+            .connect_timeout(Duration::from_secs(5))
+            .connect(tokio_postgres::NoTls)
+            .await?;
+        tokio::spawn(connection);
+        Ok(client)
+    }
+
+    pub async fn show(&self, setting: &str) -> Result<String> {
+        let row = self
+            .sql()
+            .await?
+            .query_one(&format!("SHOW {setting}"), &[])
+            .await?;
+        Ok(row.get(0))
+    }
+
+    /// The postmaster's pid, from its lock file.
+    pub fn postmaster_pid(&self) -> Option<i32> {
+        let text = std::fs::read_to_string(self.spec.data_dir().join("postmaster.pid")).ok()?;
+        text.lines().next()?.trim().parse().ok()
+    }
+
+    pub fn signal(&self, signal: Signal) -> Result {
+        let pid = self.child.id().ok_or("the instance has exited")?;
+        kill(Pid::from_raw(pid as i32), signal)?;
+        Ok(())
+    }
+
+    /// SIGTERM, then the exit status.
+    pub async fn terminate(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
+        self.signal(Signal::SIGTERM)?;
+        Ok(tokio::time::timeout(timeout, self.child.wait()).await??)
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// What pg_controldata says of the data folder's state.
+    pub fn cluster_state(&self) -> Result<String> {
+        let output = std::process::Command::new(postgres_bindir().join("pg_controldata"))
+            .arg(self.spec.data_dir())
+            .output()?;
+        let text = String::from_utf8_lossy(&output.stdout);
+        let state = text
+            .lines()
+            .find_map(|l| l.strip_prefix("Database cluster state:"))
+            .ok_or_else(|| {
+                format!(
+                    "pg_controldata: {text} {}",
+                    String::from_utf8_lossy(&output.stderr)
+                )
+            })?;
+        Ok(state.trim().to_owned())
+    }
+}
