@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine or a warm one:
 #   1. builds (or reuses) the pinned control plane and tools, and moto's virtualenv;
+#      installs Debian's PostgreSQL server when missing (cairn-instance's tests);
 #   2. lints: cargo fmt, cargo clippy -D warnings, actionlint, helm lint, bash -n;
 #   3. starts a fresh local cluster in a temporary folder (stopped on exit);
 #   4. runs every Rust test of the workspace against it (cargo test).
@@ -73,6 +74,8 @@ total_start=$SECONDS
 build_tools() { BIN=$("$CAIRN_ROOT/hack/build-tools.sh"); }
 step "tools" build_tools
 step "moto virtualenv" "$CAIRN_ROOT/hack/moto-venv.sh" >/dev/null
+postgres_server() { CAIRN_POSTGRES_BINDIR=$("$CAIRN_ROOT/hack/postgres.sh"); export CAIRN_POSTGRES_BINDIR; }
+step "postgresql server" postgres_server
 step "lint" lint
 test_args=("$@")
 ((${#test_args[@]})) || test_args=(--workspace)

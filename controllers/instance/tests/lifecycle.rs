@@ -1,0 +1,183 @@
+//! One primary through its life: readiness, configuration reloads, a clean
+//! stop, and the death of its postgres.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use support::{Fixture, Result};
+
+#[tokio::test]
+async fn readiness_follows_the_server_accepting_connections() -> Result {
+    let fixture = Fixture::new("readiness", &[])?;
+    let spec = fixture.instance("orders-0", "primary")?;
+    let primary = fixture.start(&spec)?;
+    let start = Instant::now();
+    let mut not_ready_seen = 0;
+    loop {
+        match primary.get("/readyz").await {
+            Ok((200, _)) => break,
+            Ok((503, _)) => {
+                not_ready_seen += 1;
+                // While not ready, the application cannot have a session yet
+                // or the instance is still creating its roles.
+            }
+            Ok((code, body)) => return Err(format!("/readyz {code}: {body}").into()),
+            Err(_) => {} // not listening yet
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "never ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        not_ready_seen > 0,
+        "/readyz was never false during bootstrap"
+    );
+    // Ready means the application can connect and use its database.
+    let credentials = &fixture.credentials;
+    let (app, connection) = tokio_postgres::Config::new()
+        .host("127.0.0.1")
+        .port(spec.port)
+        .user(&credentials["username"])
+        .password(&credentials["password"])
+        .dbname(&credentials["database"])
+        .connect(tokio_postgres::NoTls)
+        .await?;
+    tokio::spawn(connection);
+    app.batch_execute("CREATE TABLE t (x int)").await?;
+    let (code, _) = primary.get("/livez").await?;
+    assert_eq!(code, 200);
+    let up = primary.metric("cairn_postgres_up").await?;
+    assert_eq!(up, Some(1.0));
+    let role = primary
+        .metric("cairn_postgres_role{role=\"primary\"}")
+        .await?;
+    assert_eq!(role, Some(1.0));
+    Ok(())
+}
+
+#[tokio::test]
+async fn reloadable_settings_apply_in_place_and_restart_ones_are_reported() -> Result {
+    let fixture = Fixture::new("reload", &[("work_mem", "4MB")])?;
+    let primary = fixture.start(&fixture.instance("orders-0", "primary")?)?;
+    primary.wait_ready(Duration::from_secs(60)).await?;
+    assert_eq!(primary.show("work_mem").await?, "4MB");
+    let postmaster = primary.postmaster_pid();
+
+    fixture.set_parameters(&[("work_mem", "7MB")])?;
+    let changed = Instant::now();
+    while primary.show("work_mem").await? != "7MB" {
+        assert!(
+            changed.elapsed() < Duration::from_secs(10),
+            "work_mem not reloaded"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!(
+        "work_mem reloaded {:.0} ms after the file changed",
+        changed.elapsed().as_secs_f64() * 1000.0
+    );
+    assert_eq!(
+        primary.postmaster_pid(),
+        postmaster,
+        "a reload must not restart postgres"
+    );
+    assert_eq!(
+        primary.status().await?["pendingRestart"],
+        serde_json::json!([])
+    );
+
+    fixture.set_parameters(&[("work_mem", "7MB"), ("max_connections", "50")])?;
+    primary
+        .wait_status("max_connections pending", Duration::from_secs(10), |s| {
+            s["pendingRestart"] == serde_json::json!(["max_connections"])
+        })
+        .await?;
+    assert_eq!(primary.show("max_connections").await?, "100");
+    assert_eq!(
+        primary
+            .metric("cairn_postgres_pending_restart_settings")
+            .await?,
+        Some(1.0)
+    );
+    assert_eq!(primary.postmaster_pid(), postmaster);
+    assert!(
+        primary.ready().await,
+        "a pending restart does not make the instance unready"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn sigterm_stops_cleanly_and_a_killed_postgres_is_started_again() -> Result {
+    let fixture = Fixture::new("signals", &[])?;
+    let spec = fixture.instance("orders-0", "primary")?;
+    let mut primary = fixture.start(&spec)?;
+    primary.wait_ready(Duration::from_secs(60)).await?;
+    primary
+        .sql()
+        .await?
+        .batch_execute("CREATE TABLE kept (x int); INSERT INTO kept VALUES (42)")
+        .await?;
+
+    // SIGTERM: postgres shuts down cleanly, the next start needs no recovery.
+    let took = Instant::now();
+    let exit = primary.terminate(Duration::from_secs(60)).await?;
+    assert!(exit.success(), "{exit}");
+    println!(
+        "SIGTERM to exit: {:.0} ms",
+        took.elapsed().as_secs_f64() * 1000.0
+    );
+    assert_eq!(primary.cluster_state()?, "shut down");
+    let primary = fixture.start(&spec)?;
+    primary.wait_ready(Duration::from_secs(30)).await?;
+    let log = primary.log_text();
+    assert!(!log.contains("not properly shut down"), "{log}");
+    assert!(!log.contains("automatic recovery in progress"), "{log}");
+
+    // SIGKILL of the postgres child: the instance starts it again (crash
+    // recovery), counts it, and the data is there.
+    let before = primary.postmaster_pid().ok_or("no postmaster.pid")?;
+    kill(Pid::from_raw(before), Signal::SIGKILL)?;
+    let killed = Instant::now();
+    primary
+        .wait_status("restart counted", Duration::from_secs(10), |s| {
+            s["postgresRestarts"] == 1
+        })
+        .await?;
+    let status = primary.status().await?;
+    assert!(
+        status["lastError"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("postgres exited unexpectedly"),
+        "{status}"
+    );
+    primary.wait_ready(Duration::from_secs(60)).await?;
+    println!(
+        "ready again {:.1} s after postgres was killed",
+        killed.elapsed().as_secs_f64()
+    );
+    assert_ne!(primary.postmaster_pid(), Some(before));
+    let row = primary
+        .sql()
+        .await?
+        .query_one("SELECT x FROM kept", &[])
+        .await?;
+    assert_eq!(row.get::<_, i32>(0), 42);
+    assert_eq!(
+        primary.metric("cairn_postgres_restarts_total").await?,
+        Some(1.0)
+    );
+    assert!(
+        primary
+            .log_text()
+            .contains("automatic recovery in progress")
+    );
+    assert_eq!(
+        primary.status().await?["lastError"],
+        serde_json::Value::Null
+    );
+    Ok(())
+}
