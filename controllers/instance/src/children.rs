@@ -107,20 +107,27 @@ impl Children {
 
     /// Starts `command`. Its exit is awaited with [`Child::wait`].
     pub fn spawn(&self, command: &mut Command) -> std::io::Result<Child> {
+        // The std handle is dropped without waiting: the reaper owns that.
+        self.spawn_registered(command).map(|(_, child)| child)
+    }
+
+    fn spawn_registered(
+        &self,
+        command: &mut Command,
+    ) -> std::io::Result<(std::process::Child, Child)> {
         // Holding the lock across the fork: the reaper cannot take this
         // child's status for an orphan's before it is registered.
         let mut registry = self.lock();
-        let child = command.spawn()?;
-        let pid = Pid::from_raw(child.id() as i32);
-        // The std handle is dropped without waiting: the reaper owns that.
-        drop(child);
+        let std_child = command.spawn()?;
+        let pid = Pid::from_raw(std_child.id() as i32);
         let (sender, exit) = oneshot::channel();
         registry.waiting.insert(pid, sender);
-        Ok(Child {
+        let child = Child {
             pid,
             exit,
             status: None,
-        })
+        };
+        Ok((std_child, child))
     }
 
     /// Runs `command` to its end, collecting its output.
@@ -129,12 +136,7 @@ impl Children {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut registry = self.lock();
-        let mut std_child = command.spawn()?;
-        let pid = Pid::from_raw(std_child.id() as i32);
-        let (sender, exit) = oneshot::channel();
-        registry.waiting.insert(pid, sender);
-        drop(registry);
+        let (mut std_child, mut child) = self.spawn_registered(command)?;
         let stdout = std_child.stdout.take();
         let stderr = std_child.stderr.take();
         drop(std_child);
@@ -151,11 +153,6 @@ impl Children {
         };
         let stdout = read(stdout.map(|p| Box::new(p) as Box<dyn Read + Send>));
         let stderr = read(stderr.map(|p| Box::new(p) as Box<dyn Read + Send>));
-        let mut child = Child {
-            pid,
-            exit,
-            status: None,
-        };
         let exit = child.wait().await;
         let mut output = stdout.await.unwrap_or_default();
         output.push_str(&stderr.await.unwrap_or_default());

@@ -18,6 +18,8 @@ pub struct Metrics {
     last_checkpoint: Gauge,
     pending_restart: IntGauge,
     pub restarts: IntCounter,
+    pub volume_free: IntGauge,
+    pub volume_size: IntGauge,
 }
 
 impl Metrics {
@@ -70,6 +72,14 @@ impl Metrics {
                 "restarts_total",
                 "Times postgres exited unexpectedly and was started again",
             ))?,
+            volume_free: IntGauge::with_opts(name(
+                "data_volume_free_bytes",
+                "Free bytes on the filesystem of the data folder",
+            ))?,
+            volume_size: IntGauge::with_opts(name(
+                "data_volume_size_bytes",
+                "Size of the filesystem of the data folder",
+            ))?,
             registry,
         };
         let r = &metrics.registry;
@@ -85,6 +95,8 @@ impl Metrics {
         r.register(Box::new(metrics.last_checkpoint.clone()))?;
         r.register(Box::new(metrics.pending_restart.clone()))?;
         r.register(Box::new(metrics.restarts.clone()))?;
+        r.register(Box::new(metrics.volume_free.clone()))?;
+        r.register(Box::new(metrics.volume_size.clone()))?;
         Ok(metrics)
     }
 

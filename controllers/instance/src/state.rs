@@ -48,6 +48,9 @@ pub struct Status {
     pub postgres_restarts: u64,
     /// The last failure, kept until something succeeds again.
     pub last_error: Option<String>,
+    /// Free and total bytes of the filesystem that holds the data folder.
+    pub data_volume_free_bytes: Option<u64>,
+    pub data_volume_bytes: Option<u64>,
 }
 
 pub struct State {
@@ -107,7 +110,9 @@ impl State {
 
     /// Records a failure: logged, and shown in `/status` until cleared.
     pub fn error(&self, message: String) {
-        tracing::error!("{message}");
+        if self.status().last_error.as_ref() != Some(&message) {
+            tracing::error!("{message}");
+        }
         self.update(|s| s.last_error = Some(message));
     }
 

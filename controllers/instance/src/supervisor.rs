@@ -51,7 +51,10 @@ impl Supervisor {
                 prepared = self.prepare(role) => prepared,
                 () = &mut shutdown => break,
             };
-            if let Err(message) = prepared {
+            if let Err(mut message) = prepared {
+                if let Some(low) = self.check_volume() {
+                    message = format!("{message}; {low}");
+                }
                 self.state.error(message);
                 self.state.phase(Phase::Retrying);
                 tokio::select! {
@@ -84,7 +87,11 @@ impl Supervisor {
                     break;
                 }
             };
-            self.state.error(restart.0);
+            let mut message = restart.0;
+            if let Some(low) = self.check_volume() {
+                message = format!("{message}; {low}");
+            }
+            self.state.error(message);
             self.state.phase(Phase::Retrying);
             if started.elapsed() > Duration::from_secs(60) {
                 backoff = Backoff::default();
@@ -390,8 +397,10 @@ impl Supervisor {
             }
             let silence = last_streaming.map(|at| at.elapsed());
             let ready = observe::readiness(assigned, &sample, silence, roles_ready, limits);
-            if ready.is_ok() {
-                self.state.clear_error();
+            match self.check_volume() {
+                Some(low) => self.state.error(low),
+                None if ready.is_ok() => self.state.clear_error(),
+                None => {}
             }
             if sample.pending_restart != pending_logged {
                 if !sample.pending_restart.is_empty() {
@@ -522,6 +531,35 @@ impl Supervisor {
                 Err(format!("not accepting connections: {e}"))
             }
         }
+    }
+
+    /// Records the data volume's space; says so when it is nearly full
+    /// (less than a WAL segment, or 2 %, free).
+    fn check_volume(&self) -> Option<String> {
+        let data = &self.config.data_dir;
+        let folder = if data.exists() {
+            data.as_path()
+        } else {
+            data.parent()?
+        };
+        let stats = nix::sys::statvfs::statvfs(folder).ok()?;
+        let block = stats.fragment_size() as u64;
+        let free = stats.blocks_available() as u64 * block;
+        let total = stats.blocks() as u64 * block;
+        self.state.metrics.volume_free.set(free as i64);
+        self.state.metrics.volume_size.set(total as i64);
+        self.state.update(|s| {
+            s.data_volume_free_bytes = Some(free);
+            s.data_volume_bytes = Some(total);
+        });
+        const MIB: u64 = 1024 * 1024;
+        (free < (16 * MIB).max(total / 50)).then(|| {
+            format!(
+                "the data volume is nearly full: {} MiB free of {} MiB",
+                free / MIB,
+                total / MIB
+            )
+        })
     }
 
     fn config_files(&self) -> Option<(String, String)> {

@@ -11,7 +11,7 @@ use support::{Fixture, Result};
 
 #[tokio::test]
 async fn readiness_follows_the_server_accepting_connections() -> Result {
-    let fixture = Fixture::new("readiness", &[])?;
+    let mut fixture = Fixture::new("readiness", &[])?;
     let spec = fixture.instance("orders-0", "primary")?;
     let primary = fixture.start(&spec)?;
     let start = Instant::now();
@@ -54,12 +54,12 @@ async fn readiness_follows_the_server_accepting_connections() -> Result {
         .metric("cairn_postgres_role{role=\"primary\"}")
         .await?;
     assert_eq!(role, Some(1.0));
-    Ok(())
+    fixture.passed()
 }
 
 #[tokio::test]
 async fn reloadable_settings_apply_in_place_and_restart_ones_are_reported() -> Result {
-    let fixture = Fixture::new("reload", &[("work_mem", "4MB")])?;
+    let mut fixture = Fixture::new("reload", &[("work_mem", "4MB")])?;
     let primary = fixture.start(&fixture.instance("orders-0", "primary")?)?;
     primary.wait_ready(Duration::from_secs(60)).await?;
     assert_eq!(primary.show("work_mem").await?, "4MB");
@@ -106,12 +106,12 @@ async fn reloadable_settings_apply_in_place_and_restart_ones_are_reported() -> R
         primary.ready().await,
         "a pending restart does not make the instance unready"
     );
-    Ok(())
+    fixture.passed()
 }
 
 #[tokio::test]
 async fn sigterm_stops_cleanly_and_a_killed_postgres_is_started_again() -> Result {
-    let fixture = Fixture::new("signals", &[])?;
+    let mut fixture = Fixture::new("signals", &[])?;
     let spec = fixture.instance("orders-0", "primary")?;
     let mut primary = fixture.start(&spec)?;
     primary.wait_ready(Duration::from_secs(60)).await?;
@@ -179,5 +179,5 @@ async fn sigterm_stops_cleanly_and_a_killed_postgres_is_started_again() -> Resul
         primary.status().await?["lastError"],
         serde_json::Value::Null
     );
-    Ok(())
+    fixture.passed()
 }

@@ -9,7 +9,7 @@ use support::{Fixture, Result};
 
 #[tokio::test]
 async fn a_primary_and_two_replicas_stream_and_resume() -> Result {
-    let fixture = Fixture::new("replication", &[])?;
+    let mut fixture = Fixture::new("replication", &[])?;
     let primary = fixture.start(&fixture.instance("orders-0", "primary")?)?;
     let took = primary.wait_ready(Duration::from_secs(60)).await?;
     println!(
@@ -162,7 +162,7 @@ async fn a_primary_and_two_replicas_stream_and_resume() -> Result {
         assert_eq!(code, 503);
         assert!(body.contains("not streaming from the primary"), "{body}");
     }
-    Ok(())
+    fixture.passed()
 }
 
 async fn replica_session(

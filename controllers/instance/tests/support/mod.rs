@@ -61,6 +61,7 @@ pub struct Fixture {
     pub credentials: BTreeMap<String, String>,
     binary: PathBuf,
     user: Option<(u32, u32)>,
+    passed: bool,
 }
 
 impl Fixture {
@@ -81,6 +82,7 @@ impl Fixture {
             root,
             binary,
             user,
+            passed: false,
         };
         let mut fixture = fixture;
         let cluster = cluster(parameters)?;
@@ -205,9 +207,18 @@ impl Fixture {
     }
 }
 
+impl Fixture {
+    /// Ends a test that passed: its folder is removed. Without this call
+    /// (an error or a panic) the folder is kept and the logs' tails printed.
+    pub fn passed(&mut self) -> Result {
+        self.passed = true;
+        Ok(())
+    }
+}
+
 impl Drop for Fixture {
     fn drop(&mut self) {
-        if std::thread::panicking() {
+        if !self.passed {
             eprintln!("instance logs and data kept in {}", self.root.display());
             for log in std::fs::read_dir(self.root.join("logs"))
                 .into_iter()
@@ -394,5 +405,57 @@ impl Instance {
                 )
             })?;
         Ok(state.trim().to_owned())
+    }
+}
+
+/// A tmpfs mounted on a folder, unmounted when dropped.
+pub struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    pub fn mount(path: &Path, size: &str) -> Result<Self> {
+        std::fs::create_dir_all(path)?;
+        let output = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
+            .arg(path)
+            .output()?;
+        if !output.status.success() {
+            return Err(format!(
+                "mounting a {size} tmpfs on {} (needs root): {}",
+                path.display(),
+                String::from_utf8_lossy(&output.stderr)
+            )
+            .into());
+        }
+        Ok(Self(path.to_owned()))
+    }
+}
+
+impl Tmpfs {
+    /// Changes the size of the tmpfs mounted on `path`.
+    pub fn resize(path: &Path, size: &str) -> Result {
+        let status = std::process::Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(path)
+            .status()?;
+        if !status.success() {
+            return Err(format!("remounting {}: {status}", path.display()).into());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        // Lazy: processes of a failed test may still hold it.
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
     }
 }
