@@ -17,6 +17,7 @@ use k8s_openapi::api::core::v1::{
     VolumeResourceRequirements,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -278,6 +279,43 @@ pub fn service_account(cluster: &DatabaseCluster) -> ServiceAccount {
     }
 }
 
+/// What cairn-instance may do with the API: patch its own pod (the
+/// observed-state annotation), and nothing else.
+pub fn instance_role(cluster: &DatabaseCluster) -> Role {
+    let pods = (0..cluster.spec.instances.max(0))
+        .map(|ordinal| format!("{}-{ordinal}", cluster.name_any()))
+        .collect();
+    Role {
+        metadata: metadata(cluster, &cluster.name_any(), "database"),
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec![String::new()]),
+            resources: Some(vec!["pods".to_owned()]),
+            resource_names: Some(pods),
+            verbs: vec!["patch".to_owned()],
+            ..PolicyRule::default()
+        }]),
+    }
+}
+
+/// Grants [`instance_role`] to the instances' ServiceAccount.
+pub fn instance_role_binding(cluster: &DatabaseCluster) -> RoleBinding {
+    let name = cluster.name_any();
+    RoleBinding {
+        metadata: metadata(cluster, &name, "database"),
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".to_owned()),
+            kind: "Role".to_owned(),
+            name: name.clone(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".to_owned(),
+            name,
+            namespace: cluster.namespace(),
+            ..Subject::default()
+        }]),
+    }
+}
+
 /// At most one instance down at a time through voluntary disruptions; a
 /// single-instance cluster can still be drained.
 pub fn disruption_budget(cluster: &DatabaseCluster) -> PodDisruptionBudget {
@@ -310,7 +348,8 @@ pub fn stateful_set(
     let scheduling = spec.scheduling.clone().unwrap_or_default();
     let pod = PodSpec {
         service_account_name: Some(names.cluster.clone()),
-        automount_service_account_token: Some(false),
+        // cairn-instance reports its observed state on its pod (instance_role).
+        automount_service_account_token: Some(true),
         enable_service_links: Some(false),
         termination_grace_period_seconds: Some(60),
         security_context: Some(PodSecurityContext {
@@ -558,6 +597,8 @@ mod tests {
             config_map(&cluster).metadata,
             credentials(&cluster, &mut random_password).metadata,
             service_account(&cluster).metadata,
+            instance_role(&cluster).metadata,
+            instance_role_binding(&cluster).metadata,
             disruption_budget(&cluster).metadata,
             stateful_set(&cluster, None).metadata,
         ];
@@ -571,6 +612,34 @@ mod tests {
             assert_eq!(owner.controller, Some(true));
             assert_eq!(meta.namespace.as_deref(), Some("shop"));
         }
+    }
+
+    #[test]
+    fn an_instance_may_patch_only_its_clusters_pods() {
+        let role = instance_role(&cluster(&[]));
+        let rules = role.rules.unwrap_or_default();
+        assert_eq!(rules.len(), 1);
+        assert_eq!(rules[0].verbs, ["patch"]);
+        assert_eq!(
+            rules[0].resources.as_deref(),
+            Some(&["pods".to_owned()][..])
+        );
+        assert_eq!(
+            rules[0].resource_names.as_deref(),
+            Some(
+                &[
+                    "orders-0".to_owned(),
+                    "orders-1".to_owned(),
+                    "orders-2".to_owned()
+                ][..]
+            )
+        );
+        let binding = instance_role_binding(&cluster(&[]));
+        let subject = &binding.subjects.unwrap_or_default()[0];
+        assert_eq!(
+            (subject.name.as_str(), subject.namespace.as_deref()),
+            ("orders", Some("shop"))
+        );
     }
 
     #[test]

@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::{
     ConfigMap, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
 };
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::ResourceExt;
 use kube::runtime::controller::Controller;
 use kube::runtime::events::Recorder;
@@ -60,6 +61,8 @@ async fn main() -> ExitCode {
     let config_maps = manager.cache(manager.api::<ConfigMap>(), children.clone());
     let secrets = manager.cache(manager.api::<Secret>(), children.clone());
     let service_accounts = manager.cache(manager.api::<ServiceAccount>(), children.clone());
+    let roles = manager.cache(manager.api::<Role>(), children.clone());
+    let role_bindings = manager.cache(manager.api::<RoleBinding>(), children.clone());
     let disruption_budgets = manager.cache(manager.api::<PodDisruptionBudget>(), children.clone());
     let pods = manager.cache(manager.api::<Pod>(), children.clone());
     let claims = manager.cache(manager.api::<PersistentVolumeClaim>(), children);
@@ -73,6 +76,8 @@ async fn main() -> ExitCode {
             config_maps: config_maps.store(),
             secrets: secrets.store(),
             service_accounts: service_accounts.store(),
+            roles: roles.store(),
+            role_bindings: role_bindings.store(),
             disruption_budgets: disruption_budgets.store(),
             pods: pods.store(),
             claims: claims.store(),
@@ -99,6 +104,8 @@ async fn main() -> ExitCode {
             .owns_shared_stream(config_maps.trigger())
             .owns_shared_stream(secrets.trigger())
             .owns_shared_stream(service_accounts.trigger())
+            .owns_shared_stream(roles.trigger())
+            .owns_shared_stream(role_bindings.trigger())
             .owns_shared_stream(disruption_budgets.trigger())
             // Pods belong to the StatefulSet; their cluster is in their labels.
             .watches_shared_stream(pods.trigger(), |pod| {

@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::{
     ConfigMap, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
 };
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams, PostParams};
@@ -45,6 +46,8 @@ pub struct Caches {
     pub config_maps: Store<ConfigMap>,
     pub secrets: Store<Secret>,
     pub service_accounts: Store<ServiceAccount>,
+    pub roles: Store<Role>,
+    pub role_bindings: Store<RoleBinding>,
     pub disruption_budgets: Store<PodDisruptionBudget>,
     pub pods: Store<Pod>,
     pub claims: Store<PersistentVolumeClaim>,
@@ -160,6 +163,14 @@ async fn apply_children(ctx: &Context, cluster: &DatabaseCluster) -> Result<Stat
         cluster,
         &caches.service_accounts,
         build::service_account(cluster),
+    )
+    .await?;
+    apply_child(ctx, cluster, &caches.roles, build::instance_role(cluster)).await?;
+    apply_child(
+        ctx,
+        cluster,
+        &caches.role_bindings,
+        build::instance_role_binding(cluster),
     )
     .await?;
     apply_child(

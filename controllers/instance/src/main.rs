@@ -53,9 +53,11 @@ async fn run(config: Config) -> Result<(), String> {
             server::serve(metrics_address, metrics)
         )
     };
-    if config.report_to_pod {
-        start_reporting(&config, &state).await;
-    }
+    let (done, finished) = tokio::sync::watch::channel(false);
+    let reporter = match config.report_to_pod {
+        true => start_reporting(&config, &state, finished).await,
+        false => None,
+    };
     let mut terminate = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
     let mut interrupt = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
     let shutdown = async {
@@ -67,26 +69,40 @@ async fn run(config: Config) -> Result<(), String> {
     tracing::info!(version = env!("CARGO_PKG_VERSION"), %http, metrics = %metrics_address, "cairn-instance starting");
     let supervisor = Supervisor::new(config, children, state);
     tokio::select! {
-        served = listeners => served.map(|_| ()).map_err(|e| format!("HTTP listener: {e}")),
-        () = supervisor.run(shutdown) => Ok(()),
+        served = listeners => return served.map(|_| ()).map_err(|e| format!("HTTP listener: {e}")),
+        () = supervisor.run(shutdown) => {}
     }
+    // The pod's last report says what is true now: stopped, not ready.
+    let _ = done.send(true);
+    if let Some(reporter) = reporter {
+        let _ = tokio::time::timeout(Duration::from_secs(5), reporter).await;
+    }
+    Ok(())
 }
 
 /// Starts the pod annotation reporter when this runs in a pod it can reach.
-async fn start_reporting(config: &Config, state: &Arc<State>) {
+async fn start_reporting(
+    config: &Config,
+    state: &Arc<State>,
+    done: tokio::sync::watch::Receiver<bool>,
+) -> Option<tokio::task::JoinHandle<()>> {
     let (Some(name), Some(namespace)) = (config.pod_name.clone(), config.pod_namespace.clone())
     else {
         tracing::info!("POD_NAME or POD_NAMESPACE unset: the observed state stays in /status");
-        return;
+        return None;
     };
     match kube::Client::try_default().await {
         Ok(client) => {
             let pods = kube::Api::<Pod>::namespaced(client, &namespace);
             let interval = Duration::from_secs(config.report_interval_seconds);
-            tokio::spawn(report::report(pods, name, state.observed(), interval));
+            let observed = state.observed();
+            Some(tokio::spawn(report::report(
+                pods, name, observed, done, interval,
+            )))
         }
         Err(e) => {
-            tracing::warn!(error = %e, "no Kubernetes client: the observed state stays in /status")
+            tracing::warn!(error = %e, "no Kubernetes client: the observed state stays in /status");
+            None
         }
     }
 }

@@ -238,7 +238,8 @@ impl Drop for Fixture {
     }
 }
 
-fn cluster(parameters: &[(&str, &str)]) -> Result<DatabaseCluster> {
+/// The DatabaseCluster `orders` in namespace `shop` whose files these are.
+pub fn cluster(parameters: &[(&str, &str)]) -> Result<DatabaseCluster> {
     let parameters: BTreeMap<_, _> = parameters.iter().copied().collect();
     Ok(serde_json::from_value(serde_json::json!({
         "apiVersion": "database.cairn.dev/v1",
