@@ -16,6 +16,7 @@ use k8s_openapi::api::core::v1::{
     ConfigMap, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
 };
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
@@ -134,6 +135,8 @@ async fn a_cluster_is_created_scaled_grown_reconfigured_repaired_and_deleted() -
             .get("orders")
             .await?
             .metadata,
+        namespace.api::<Role>().get("orders").await?.metadata,
+        namespace.api::<RoleBinding>().get("orders").await?.metadata,
     ];
     for child in &children {
         assert!(

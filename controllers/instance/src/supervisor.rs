@@ -20,7 +20,7 @@ use crate::config::Config;
 use crate::observe::{self, Limits, Role};
 use crate::state::{Phase, State};
 
-/// A run of postgres that ends in a restart, and why.
+/// A run of postgres that must end in a restart in another role, and why.
 struct Restart(String);
 
 pub struct Supervisor {
@@ -72,22 +72,23 @@ impl Supervisor {
             };
             let started = Instant::now();
             let pid = postgres.pid;
-            let restart = tokio::select! {
-                exit = postgres.wait() => {
-                    self.state.metrics.restarts.inc();
-                    self.state.update(|s| s.postgres_restarts += 1);
-                    Restart(format!("postgres exited unexpectedly ({exit}); starting it again"))
-                }
+            let exit = tokio::select! {
+                exit = postgres.wait() => exit,
                 Restart(reason) = self.watch(pid, role) => {
-                    self.stop(&mut postgres).await;
-                    Restart(reason)
+                    // A demotion: writes must stop now, not when sessions end;
+                    // and it is no failure, so no backoff.
+                    tracing::info!(%reason, "restarting postgres");
+                    self.stop(&mut postgres, false).await;
+                    continue;
                 }
                 () = &mut shutdown => {
-                    self.stop(&mut postgres).await;
+                    self.stop(&mut postgres, true).await;
                     break;
                 }
             };
-            let mut message = restart.0;
+            self.state.metrics.restarts.inc();
+            self.state.update(|s| s.postgres_restarts += 1);
+            let mut message = format!("postgres exited unexpectedly ({exit}); starting it again");
             if let Some(low) = self.check_volume() {
                 message = format!("{message}; {low}");
             }
@@ -298,16 +299,17 @@ impl Supervisor {
         Ok(child)
     }
 
-    /// Smart shutdown (waits for sessions), then fast (disconnects them, clean
-    /// checkpoint), then immediate (crash recovery at the next start).
-    async fn stop(&self, postgres: &mut Child) {
+    /// Smart shutdown (waits for sessions; skipped unless `smart`), then fast
+    /// (disconnects them, clean checkpoint), then immediate (crash recovery at
+    /// the next start).
+    async fn stop(&self, postgres: &mut Child, smart: bool) {
         self.state.phase(Phase::Stopping);
         let steps = [
             (Signal::SIGTERM, "smart", self.config.smart_shutdown_seconds),
             (Signal::SIGINT, "fast", self.config.fast_shutdown_seconds),
             (Signal::SIGQUIT, "immediate", 30),
         ];
-        for (signal, mode, seconds) in steps {
+        for (signal, mode, seconds) in steps.into_iter().skip(usize::from(!smart)) {
             tracing::info!(mode, "stopping postgres");
             postgres.signal(signal);
             let limit = Duration::from_secs(seconds);

@@ -180,3 +180,114 @@ async fn replica_session(
     tokio::spawn(connection);
     Ok(client)
 }
+
+/// A switchover: the primary stops cleanly, a replica assigned `primary` is
+/// promoted onto a new timeline, and the old primary, assigned `replica`,
+/// follows it without a new base backup.
+#[tokio::test]
+async fn a_replica_assigned_primary_is_promoted_and_the_old_primary_follows_it() -> Result {
+    let mut fixture = Fixture::new("switchover", &[])?;
+    let old_spec = fixture.instance("orders-0", "primary")?;
+    let mut old = fixture.start(&old_spec)?;
+    old.wait_ready(Duration::from_secs(60)).await?;
+    old.sql()
+        .await?
+        .batch_execute("CREATE TABLE kept AS SELECT 1 AS x")
+        .await?;
+    let new_spec = fixture.instance("orders-1", "replica")?.following(&old);
+    let new = fixture.start(&new_spec)?;
+    new.wait_ready(Duration::from_secs(60)).await?;
+    new.wait_status("caught up", Duration::from_secs(10), |s| {
+        s["replicationLagBytes"] == 0
+    })
+    .await?;
+
+    let exit = old.terminate(Duration::from_secs(60)).await?;
+    assert!(exit.success());
+    fixture.assign(&new_spec, "primary")?;
+    let took = new
+        .wait_status("promoted", Duration::from_secs(30), |s| {
+            s["ready"] == true && s["role"] == "primary"
+        })
+        .await?;
+    println!(
+        "promotion: ready as primary {:.0} ms after the role changed",
+        took.as_secs_f64() * 1000.0
+    );
+    let status = new.status().await?;
+    assert_eq!(status["timeline"], 2, "{status}");
+    new.sql()
+        .await?
+        .batch_execute("INSERT INTO kept VALUES (2)")
+        .await?;
+
+    // The old primary comes back as a replica of the new one.
+    fixture.assign(&old_spec, "replica")?;
+    let old_spec = old_spec.following(&new);
+    let old = fixture.start(&old_spec)?;
+    old.wait_ready(Duration::from_secs(60)).await?;
+    let status = old.status().await?;
+    assert_eq!(
+        (status["role"].as_str(), status["timeline"].as_u64()),
+        (Some("replica"), Some(2)),
+        "{status}"
+    );
+    let rows = old
+        .sql()
+        .await?
+        .query("SELECT x FROM kept ORDER BY x", &[])
+        .await?;
+    let values: Vec<i32> = rows.iter().map(|r| r.get(0)).collect();
+    assert_eq!(values, [1, 2]);
+    assert!(!old.log_text().contains("pg_basebackup"));
+    fixture.passed()
+}
+
+/// A running primary assigned `replica` (the controller moved the role while
+/// it was up) stops taking writes at once: it restarts as a standby. Its
+/// history has diverged from the promoted one, and without pg_rewind it
+/// cannot stream: it stays not ready, read-only, and says why.
+#[tokio::test]
+async fn a_running_primary_assigned_replica_stops_taking_writes() -> Result {
+    let mut fixture = Fixture::new("demotion", &[])?;
+    let old_spec = fixture.instance("orders-0", "primary")?;
+    let old = fixture.start(&old_spec)?;
+    old.wait_ready(Duration::from_secs(60)).await?;
+    let new_spec = fixture.instance("orders-1", "replica")?.following(&old);
+    let new = fixture.start(&new_spec)?;
+    new.wait_ready(Duration::from_secs(60)).await?;
+
+    fixture.assign(&new_spec, "primary")?;
+    new.wait_status("promoted", Duration::from_secs(30), |s| {
+        s["role"] == "primary"
+    })
+    .await?;
+    fixture.assign(&old_spec, "replica")?;
+    let took = old
+        .wait_status("in recovery", Duration::from_secs(30), |s| {
+            s["role"] == "replica"
+        })
+        .await?;
+    println!(
+        "old primary read-only {:.0} ms after its role changed",
+        took.as_secs_f64() * 1000.0
+    );
+    let write = old
+        .sql()
+        .await?
+        .batch_execute("CREATE TABLE split_brain (x int)")
+        .await;
+    let error = write.err().map(|e| format!("{e:?}")).unwrap_or_default();
+    assert!(
+        error.contains("read-only transaction"),
+        "the old primary took a write: {error}"
+    );
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let status = old.status().await?;
+    assert_eq!(status["ready"], false, "{status}");
+    assert_eq!(
+        status["postgresRestarts"], 0,
+        "a demotion is not a crash: {status}"
+    );
+    fixture.passed()
+}

@@ -159,6 +159,16 @@ impl Fixture {
         })
     }
 
+    /// Changes an instance's assigned role, as the kubelet updates the
+    /// Downward API file when the controller relabels the pod.
+    pub fn assign(&self, spec: &InstanceSpec, role: &str) -> Result {
+        let path = spec.dir.join("podinfo").join("role");
+        let temporary = spec.dir.join("podinfo").join(".role.new");
+        std::fs::write(&temporary, role)?;
+        std::fs::rename(&temporary, &path)?;
+        self.own(&path)
+    }
+
     /// Starts an instance.
     pub fn start(&self, spec: &InstanceSpec) -> Result<Instance> {
         let logs = self.root.join("logs");
