@@ -75,6 +75,13 @@ fn managed_parameters() -> BTreeMap<&'static str, String> {
     ])
 }
 
+/// Defaults written before `spec.postgres.parameters`, which may override them.
+fn default_parameters() -> BTreeMap<&'static str, String> {
+    // WAL a replica or a rewound former primary may still need after a
+    // disconnection or a failover (pg_rewind reads it from the old primary).
+    BTreeMap::from([("wal_keep_size", "'256MB'".to_owned())])
+}
+
 /// The names of a cluster's children.
 pub struct Names {
     pub cluster: String,
@@ -152,7 +159,7 @@ fn postgresql_conf(cluster: &DatabaseCluster) -> String {
     let mut conf = String::from(
         "# Written by cairn-database-controller; edit spec.postgres.parameters instead.\n",
     );
-    for (name, value) in managed_parameters() {
+    for (name, value) in managed_parameters().into_iter().chain(default_parameters()) {
         let _ = writeln!(conf, "{name} = {value}");
     }
     for (name, value) in &cluster.spec.postgres.parameters {
@@ -667,6 +674,16 @@ mod tests {
         assert!(conf.contains("wal_level = replica\n"), "{conf}");
         assert!(conf.contains("work_mem = '64MB'\n"), "{conf}");
         assert!(conf.contains("search_path = 'a''s'\n"), "{conf}");
+    }
+
+    #[test]
+    fn defaults_come_before_the_users_settings_so_they_win() {
+        let conf = postgresql_conf(&cluster(&[("wal_keep_size", "1GB")]));
+        let default = conf
+            .find("wal_keep_size = '256MB'")
+            .expect("default written");
+        let users = conf.find("wal_keep_size = '1GB'").expect("user's written");
+        assert!(default < users, "{conf}");
     }
 
     #[test]

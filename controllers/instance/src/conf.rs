@@ -51,17 +51,22 @@ pub fn primary_conninfo(
     passfile: &Path,
     application_name: &str,
 ) -> String {
-    [
+    conninfo(&[
         ("host", host),
         ("port", &port.to_string()),
         ("user", user),
         ("passfile", &passfile.display().to_string()),
         ("application_name", application_name),
-    ]
-    .iter()
-    .map(|(key, value)| format!("{key}={}", conninfo_value(value)))
-    .collect::<Vec<_>>()
-    .join(" ")
+    ])
+}
+
+/// A libpq connection string from keys and values.
+pub fn conninfo(pairs: &[(&str, &str)]) -> String {
+    pairs
+        .iter()
+        .map(|(key, value)| format!("{key}={}", conninfo_value(value)))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// A `.pgpass` line for one host, port and user.

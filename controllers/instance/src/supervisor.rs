@@ -138,11 +138,15 @@ impl Supervisor {
         std::fs::create_dir_all(&self.config.run_dir)
             .map_err(|e| format!("run folder {}: {e}", self.config.run_dir.display()))?;
         if role == Role::Replica {
-            self.write_replication_password()?;
+            self.write_passwords()?;
         }
         match data_folder(data)? {
             DataFolder::Existing => {
                 tracing::info!(data = %data.display(), %role, "starting from the existing data folder");
+                remove_stale_pid_file(data);
+                if role == Role::Replica && self.last_ran_as_primary().await? {
+                    self.rewind().await?;
+                }
             }
             DataFolder::Absent => {
                 self.state.phase(Phase::Bootstrapping);
@@ -153,13 +157,67 @@ impl Supervisor {
             }
         }
         self.write_conf(role)?;
+        // A primary's folder that holds standby.signal keeps it: it starts in
+        // recovery and is promoted (a new timeline), never just restarted.
         if role == Role::Replica {
-            // A standby; a primary's folder that held one keeps it, starts in
-            // recovery and is promoted (a new timeline), never just restarted.
             std::fs::write(data.join("standby.signal"), "")
                 .map_err(|e| format!("standby.signal: {e}"))?;
         }
-        remove_stale_pid_file(data);
+        Ok(())
+    }
+
+    /// Whether the data folder was last a primary's (running or cleanly
+    /// stopped), from its control file.
+    async fn last_ran_as_primary(&self) -> Result<bool, String> {
+        let mut controldata = Command::new(self.config.program("pg_controldata"));
+        controldata.arg(&self.config.data_dir).env("LC_ALL", "C");
+        let output = self
+            .children
+            .run(&mut controldata)
+            .await
+            .map_err(|e| format!("cannot run pg_controldata: {e}"))?;
+        let state = output
+            .output
+            .lines()
+            .find_map(|line| line.strip_prefix("Database cluster state:"))
+            .map(str::trim)
+            .ok_or_else(|| format!("pg_controldata: {}", last_lines(&output.output, 2)))?;
+        Ok(matches!(state, "in production" | "shut down"))
+    }
+
+    /// Rewinds a former primary's folder to where its history and the current
+    /// primary's part, so it can follow the new timeline without a new base
+    /// backup (needs wal_log_hints or checksums: the controller sets the first,
+    /// initdb here the second). Writes nothing if no rewind is needed.
+    async fn rewind(&self) -> Result<(), String> {
+        let host = self.primary_host()?;
+        let source = conf::conninfo(&[
+            ("host", host.as_str()),
+            ("port", &self.config.primary_port.to_string()),
+            ("user", "postgres"),
+            ("dbname", "postgres"),
+            ("passfile", &self.passfile().display().to_string()),
+            ("connect_timeout", "10"),
+        ]);
+        tracing::info!(%host, "the folder was a primary's: rewinding it to follow the current primary (pg_rewind)");
+        let mut rewind = Command::new(self.config.program("pg_rewind"));
+        rewind
+            .arg("--target-pgdata")
+            .arg(&self.config.data_dir)
+            .arg(format!("--source-server={source}"));
+        let output = self
+            .children
+            .run(&mut rewind)
+            .await
+            .map_err(|e| format!("cannot run pg_rewind: {e}"))?;
+        if !output.exit.success() {
+            return Err(format!(
+                "pg_rewind failed ({}): {}",
+                output.exit,
+                last_lines(&output.output, 3)
+            ));
+        }
+        tracing::info!(output = %last_lines(&output.output, 1), "pg_rewind done");
         Ok(())
     }
 
@@ -273,14 +331,19 @@ impl Supervisor {
         write_atomically(&self.config.data_dir.join("postgresql.conf"), &text, 0o600)
     }
 
-    fn write_replication_password(&self) -> Result<(), String> {
-        let line = conf::pgpass(
+    /// The password file a replica uses towards its primary: the replication
+    /// user (streaming, cloning) and the superuser (pg_rewind).
+    fn write_passwords(&self) -> Result<(), String> {
+        let port = self.config.primary_port;
+        let mut lines = conf::pgpass(
             "*",
-            self.config.primary_port,
+            port,
             &self.credential(contract::REPLICATION_USER_KEY)?,
             &self.credential(contract::REPLICATION_PASSWORD_KEY)?,
         );
-        write_atomically(&self.passfile(), &line, 0o600)
+        let superuser = self.credential(contract::SUPERUSER_PASSWORD_KEY)?;
+        lines.push_str(&conf::pgpass("*", port, "postgres", &superuser));
+        write_atomically(&self.passfile(), &lines, 0o600)
     }
 
     fn start_postgres(&self) -> Result<Child, String> {

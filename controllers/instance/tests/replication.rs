@@ -244,11 +244,10 @@ async fn a_replica_assigned_primary_is_promoted_and_the_old_primary_follows_it()
 }
 
 /// A running primary assigned `replica` (the controller moved the role while
-/// it was up) stops taking writes at once: it restarts as a standby. Its
-/// history has diverged from the promoted one, and without pg_rewind it
-/// cannot stream: it stays not ready, read-only, and says why.
+/// it was up) stops taking writes at once: it restarts as a standby, rewinds
+/// its diverged history with pg_rewind, and follows the promoted replica.
 #[tokio::test]
-async fn a_running_primary_assigned_replica_stops_taking_writes() -> Result {
+async fn a_running_primary_assigned_replica_stops_taking_writes_and_follows() -> Result {
     let mut fixture = Fixture::new("demotion", &[])?;
     let old_spec = fixture.instance("orders-0", "primary")?;
     let old = fixture.start(&old_spec)?;
@@ -259,18 +258,35 @@ async fn a_running_primary_assigned_replica_stops_taking_writes() -> Result {
 
     fixture.assign(&new_spec, "primary")?;
     new.wait_status("promoted", Duration::from_secs(30), |s| {
-        s["role"] == "primary"
+        s["ready"] == true && s["role"] == "primary"
     })
     .await?;
-    fixture.assign(&old_spec, "replica")?;
-    let took = old
-        .wait_status("in recovery", Duration::from_secs(30), |s| {
-            s["role"] == "replica"
-        })
+    // Both are primaries now: the old one takes a write the new one never sees.
+    old.sql()
+        .await?
+        .batch_execute("CREATE TABLE lost (x int)")
         .await?;
+    new.sql()
+        .await?
+        .batch_execute("CREATE TABLE kept (x int)")
+        .await?;
+
+    // The old primary's process learns where the new primary is (in a pod,
+    // the `-rw` Service follows the role label), then its role changes.
+    let mut old = old;
+    old.terminate(Duration::from_secs(60)).await?;
+    let old_spec = old_spec.following(&new);
+    let old = fixture.start(&old_spec)?;
+    old.wait_ready(Duration::from_secs(30)).await?;
+    fixture.assign(&old_spec, "replica")?;
+    let changed = Instant::now();
+    old.wait_status("in recovery", Duration::from_secs(30), |s| {
+        s["role"] == "replica"
+    })
+    .await?;
     println!(
-        "old primary read-only {:.0} ms after its role changed",
-        took.as_secs_f64() * 1000.0
+        "old primary read-only {:.1} s after its role changed (fast stop, pg_rewind, start)",
+        changed.elapsed().as_secs_f64()
     );
     let write = old
         .sql()
@@ -282,12 +298,38 @@ async fn a_running_primary_assigned_replica_stops_taking_writes() -> Result {
         error.contains("read-only transaction"),
         "the old primary took a write: {error}"
     );
-    tokio::time::sleep(Duration::from_secs(4)).await;
+
+    old.wait_ready(Duration::from_secs(60)).await?;
+    println!(
+        "old primary a ready replica {:.1} s after its role changed",
+        changed.elapsed().as_secs_f64()
+    );
     let status = old.status().await?;
-    assert_eq!(status["ready"], false, "{status}");
+    assert_eq!(status["timeline"], 2, "{status}");
     assert_eq!(
         status["postgresRestarts"], 0,
         "a demotion is not a crash: {status}"
+    );
+    let tables: Vec<String> = old
+        .sql()
+        .await?
+        .query(
+            "SELECT relname::text FROM pg_class WHERE relname IN ('kept', 'lost') ORDER BY 1",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        tables,
+        ["kept"],
+        "the rewind keeps the new primary's history only"
+    );
+    assert!(
+        old.log_text().contains("pg_rewind done"),
+        "{}",
+        old.log_text()
     );
     fixture.passed()
 }
