@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# Benchmarks: they print figures, they assert nothing. Each runs against a
-# fresh local cluster in a temporary folder, stopped on exit.
+# Benchmarks: they print figures, they assert nothing. The controller ones
+# run against a fresh local cluster in a temporary folder, stopped on exit;
+# the instance one needs no cluster, only PostgreSQL (installed if missing).
 #
 #   hack/bench.sh database-clusters [N]   N single-instance DatabaseClusters
 #                                         (default 100): time to Ready, requests
 #                                         per cluster, peak RSS, idle writes
+#   hack/bench.sh instance [SCALE]        cairn-instance with real PostgreSQL
+#                                         (pgbench scale, default 10): base
+#                                         backup, replica lag under pgbench,
+#                                         the instance's idle cost, promotion
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$CAIRN_ROOT"
@@ -12,7 +17,11 @@ cd "$CAIRN_ROOT"
 bench=${1:-}
 case "$bench" in
   database-clusters) count=${2:-100} ;;
-  *) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  instance)
+    CAIRN_POSTGRES_BINDIR=$(hack/postgres.sh)
+    export CAIRN_POSTGRES_BINDIR
+    exec cargo bench --locked -p cairn-instance --bench instance -- "${2:-10}" ;;
+  *) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
 
 cargo build --release --locked -p cairn-database-controller

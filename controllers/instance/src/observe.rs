@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use cairn_api::database::instance::{ROLE_PRIMARY, ROLE_REPLICA};
 use serde::Serialize;
-use tokio_postgres::Client;
+use tokio_postgres::{Client, Statement};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -60,7 +60,16 @@ pub struct Sample {
     pub pending_restart: Vec<String>,
 }
 
+/// Everything a poll reads, in one statement (prepared once per session, so
+/// a poll is one round trip and one transaction).
 const SAMPLE: &str = "
+WITH position AS (
+    SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
+                ELSE pg_current_wal_lsn() END AS lsn
+), sessions AS (
+    SELECT coalesce(state, 'unknown') AS state, count(*) AS n
+    FROM pg_stat_activity WHERE backend_type = 'client backend' GROUP BY 1
+)
 SELECT pg_is_in_recovery(),
        current_setting('server_version'),
        CASE WHEN pg_is_in_recovery()
@@ -74,43 +83,52 @@ SELECT pg_is_in_recovery(),
        (SELECT greatest(latest_end_lsn - lsn, 0)::bigint FROM pg_stat_wal_receiver),
        CASE WHEN NOT pg_is_in_recovery() THEN NULL
             WHEN pg_last_wal_receive_lsn() IS NOT DISTINCT FROM lsn THEN 0::float8
-            ELSE coalesce(extract(epoch FROM now() - pg_last_xact_replay_timestamp())::float8, 0) END
-FROM (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
-                  ELSE pg_current_wal_lsn() END AS lsn) AS position";
-
-const CONNECTIONS: &str = "
-SELECT coalesce(state, 'unknown'), count(*)
-FROM pg_stat_activity WHERE backend_type = 'client backend' GROUP BY 1 ORDER BY 1";
-
-const PENDING_RESTART: &str = "SELECT name FROM pg_settings WHERE pending_restart ORDER BY name";
+            ELSE coalesce(extract(epoch FROM now() - pg_last_xact_replay_timestamp())::float8, 0) END,
+       ARRAY(SELECT state FROM sessions ORDER BY state),
+       ARRAY(SELECT n FROM sessions ORDER BY state),
+       ARRAY(SELECT name::text FROM pg_settings WHERE pending_restart ORDER BY name)
+FROM position";
 
 const DATABASE_SIZES: &str =
     "SELECT datname::text, pg_database_size(oid) FROM pg_database WHERE datallowconn ORDER BY 1";
 
-pub async fn sample(client: &Client) -> Result<Sample, tokio_postgres::Error> {
-    let row = client.query_one(SAMPLE, &[]).await?;
-    let connections = client.query(CONNECTIONS, &[]).await?;
-    let pending = client.query(PENDING_RESTART, &[]).await?;
-    Ok(Sample {
-        in_recovery: row.get(0),
-        server_version: row.get(1),
-        timeline: row.get::<_, Option<i32>>(2).map(|t| t as u32),
-        wal_position: row.get(3),
-        wal_bytes: row.get(4),
-        last_checkpoint: row.get(5),
-        streaming: row.get(6),
-        lag_bytes: row.get(7),
-        lag_seconds: row.get(8),
-        connections: connections.iter().map(|r| (r.get(0), r.get(1))).collect(),
-        pending_restart: pending.iter().map(|r| r.get(0)).collect(),
-    })
+/// The instance's session with its server.
+pub struct Session {
+    pub client: Client,
+    sample: Statement,
 }
 
-/// Sizes of the databases that accept connections (walks their folders, so
-/// it is read less often than the rest).
-pub async fn database_sizes(client: &Client) -> Result<Vec<(String, i64)>, tokio_postgres::Error> {
-    let rows = client.query(DATABASE_SIZES, &[]).await?;
-    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+impl Session {
+    pub async fn new(client: Client) -> Result<Self, tokio_postgres::Error> {
+        let sample = client.prepare(SAMPLE).await?;
+        Ok(Self { client, sample })
+    }
+
+    pub async fn sample(&self) -> Result<Sample, tokio_postgres::Error> {
+        let row = self.client.query_one(&self.sample, &[]).await?;
+        let states: Vec<String> = row.get(9);
+        let counts: Vec<i64> = row.get(10);
+        Ok(Sample {
+            in_recovery: row.get(0),
+            server_version: row.get(1),
+            timeline: row.get::<_, Option<i32>>(2).map(|t| t as u32),
+            wal_position: row.get(3),
+            wal_bytes: row.get(4),
+            last_checkpoint: row.get(5),
+            streaming: row.get(6),
+            lag_bytes: row.get(7),
+            lag_seconds: row.get(8),
+            connections: states.into_iter().zip(counts).collect(),
+            pending_restart: row.get(11),
+        })
+    }
+
+    /// Sizes of the databases that accept connections (walks their folders,
+    /// so it is read less often than the rest).
+    pub async fn database_sizes(&self) -> Result<Vec<(String, i64)>, tokio_postgres::Error> {
+        let rows = self.client.query(DATABASE_SIZES, &[]).await?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
 }
 
 /// Limits on a replica's distance from its primary.

@@ -392,7 +392,7 @@ impl Supervisor {
             max_lag_bytes: self.config.max_lag_bytes,
             max_silence: Duration::from_secs(self.config.max_lag_seconds),
         };
-        let mut client: Option<Client> = None;
+        let mut session: Option<observe::Session> = None;
         let mut config_seen = self.config_files();
         let mut assigned = started_as;
         let mut roles_ready = false;
@@ -421,22 +421,22 @@ impl Supervisor {
                     Err(message) => self.state.error(message),
                 }
             }
-            if client.is_none() {
+            if session.is_none() {
                 match self.connect().await {
-                    Ok(connected) => client = Some(connected),
+                    Ok(connected) => session = Some(connected),
                     Err(reason) => {
                         self.state.observe(None, Err(reason));
                         continue;
                     }
                 }
             }
-            let Some(connection) = client.as_ref() else {
+            let Some(connection) = session.as_ref() else {
                 continue;
             };
-            let sample = match observe::sample(connection).await {
+            let sample = match connection.sample().await {
                 Ok(sample) => sample,
                 Err(e) => {
-                    client = None;
+                    session = None;
                     self.state.observe(None, Err(format!("query failed: {e}")));
                     continue;
                 }
@@ -450,10 +450,10 @@ impl Supervisor {
                     );
                 }
                 (Role::Primary, true) if !promoted => {
-                    promoted = self.promote(connection).await;
+                    promoted = self.promote(&connection.client).await;
                 }
                 (Role::Primary, false) if !roles_ready => {
-                    roles_ready = self.ensure_roles(connection).await;
+                    roles_ready = self.ensure_roles(&connection.client).await;
                 }
                 _ => {}
             }
@@ -475,7 +475,7 @@ impl Supervisor {
             }
             self.state.observe(Some(&sample), ready);
             if tick % 30 == 1
-                && let Ok(sizes) = observe::database_sizes(connection).await
+                && let Ok(sizes) = connection.database_sizes().await
             {
                 self.state.metrics.database_sizes(&sizes);
             }
@@ -564,7 +564,7 @@ impl Supervisor {
 
     /// A session as the superuser over loopback (pg_hba's `local` line is
     /// peer authentication, which needs the OS user to be `postgres`).
-    async fn connect(&self) -> Result<Client, String> {
+    async fn connect(&self) -> Result<observe::Session, String> {
         let password = self.credential(contract::SUPERUSER_PASSWORD_KEY)?;
         let mut config = tokio_postgres::Config::new();
         config
@@ -578,7 +578,9 @@ impl Supervisor {
         match config.connect(tokio_postgres::NoTls).await {
             Ok((client, connection)) => {
                 tokio::spawn(connection);
-                Ok(client)
+                observe::Session::new(client)
+                    .await
+                    .map_err(|e| format!("preparing the monitoring query: {e}"))
             }
             Err(e) => {
                 let code = e.code();

@@ -384,6 +384,11 @@ impl Instance {
         text.lines().next()?.trim().parse().ok()
     }
 
+    /// The cairn-instance process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
     pub fn signal(&self, signal: Signal) -> Result {
         let pid = self.child.id().ok_or("the instance has exited")?;
         kill(Pid::from_raw(pid as i32), signal)?;
