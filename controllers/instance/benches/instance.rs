@@ -71,11 +71,11 @@ async fn main() -> Result {
         .lines()
         .find_map(|l| l.strip_prefix("tps = "))
         .and_then(|l| l.split_whitespace().next())
-        .unwrap_or("?")
-        .to_owned();
+        .and_then(|tps| tps.parse::<f64>().ok())
+        .unwrap_or(f64::NAN);
     let load_ended = Instant::now();
     let (max_bytes, max_seconds) = sampler.await?;
-    println!("pgbench 4 clients, 30 s, with a replica {tps:>8} transactions/s");
+    println!("pgbench 4 clients, 30 s, with a replica {tps:>8.0} transactions/s");
     println!(
         "replica lag under that load (max)        {:>8} bytes, {max_seconds:.2} s",
         max_bytes
