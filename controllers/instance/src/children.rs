@@ -58,14 +58,35 @@ pub struct Child {
     pub pid: Pid,
     exit: oneshot::Receiver<Exit>,
     status: Option<Exit>,
+    signaller: Signaller,
+}
+
+/// Sends signals to one child, never to a process that took its pid after
+/// it was reaped; cheap to clone.
+#[derive(Clone)]
+pub struct Signaller {
+    pid: Pid,
+    registry: Arc<Mutex<Registry>>,
+}
+
+impl Signaller {
+    pub fn signal(&self, signal: Signal) {
+        // The reaper takes this lock around waitpid: while the pid is still
+        // registered, the child is alive or a zombie, so the pid is its own.
+        let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        if registry.waiting.contains_key(&self.pid) {
+            let _ = kill(self.pid, signal);
+        }
+    }
 }
 
 impl Child {
     pub fn signal(&self, signal: Signal) {
-        if self.status.is_none() {
-            // ESRCH: it has exited already; its status is on the way.
-            let _ = kill(self.pid, signal);
-        }
+        self.signaller.signal(signal);
+    }
+
+    pub fn signaller(&self) -> Signaller {
+        self.signaller.clone()
     }
 
     /// Waits for the exit status (cancel-safe).
@@ -126,11 +147,16 @@ impl Children {
             pid,
             exit,
             status: None,
+            signaller: Signaller {
+                pid,
+                registry: self.registry.clone(),
+            },
         };
         Ok((std_child, child))
     }
 
-    /// Runs `command` to its end, collecting its output.
+    /// Runs `command` to its end, collecting its output. Cancelling the
+    /// future stops the command (SIGTERM): nothing runs on unobserved.
     pub async fn run(&self, command: &mut Command) -> std::io::Result<Output> {
         command
             .stdin(Stdio::null())
@@ -153,7 +179,9 @@ impl Children {
         };
         let stdout = read(stdout.map(|p| Box::new(p) as Box<dyn Read + Send>));
         let stderr = read(stderr.map(|p| Box::new(p) as Box<dyn Read + Send>));
+        let mut guard = TerminateOnDrop(Some(child.signaller()));
         let exit = child.wait().await;
+        guard.0 = None;
         let mut output = stdout.await.unwrap_or_default();
         output.push_str(&stderr.await.unwrap_or_default());
         Ok(Output { exit, output })
@@ -166,6 +194,8 @@ impl Children {
 
     fn reap(&self) {
         loop {
+            // Under the lock, so a Signaller never sees a reaped pid as registered.
+            let mut registry = self.lock();
             let (pid, exit) = match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
                 Ok(WaitStatus::Exited(pid, code)) => (pid, Exit::Code(code)),
                 Ok(WaitStatus::Signaled(pid, signal, _)) => (pid, Exit::Signal(signal)),
@@ -176,7 +206,6 @@ impl Children {
                     return;
                 }
             };
-            let mut registry = self.lock();
             match registry.waiting.remove(&pid) {
                 Some(sender) => {
                     let _ = sender.send(exit);
@@ -191,5 +220,16 @@ impl Children {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Registry> {
         self.registry.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Stops a child whose waiter was cancelled.
+struct TerminateOnDrop(Option<Signaller>);
+
+impl Drop for TerminateOnDrop {
+    fn drop(&mut self) {
+        if let Some(signaller) = &self.0 {
+            signaller.signal(Signal::SIGTERM);
+        }
     }
 }

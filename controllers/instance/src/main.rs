@@ -39,6 +39,9 @@ async fn main() -> ExitCode {
 }
 
 async fn run(config: Config) -> Result<(), String> {
+    // First: as PID 1, a signal without a handler is ignored, not fatal.
+    let mut terminate = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
     let children = Children::start().map_err(|e| format!("cannot reap children: {e}"))?;
     let metrics = Metrics::new().map_err(|e| format!("metrics: {e}"))?;
     let state = Arc::new(State::new(metrics));
@@ -58,8 +61,6 @@ async fn run(config: Config) -> Result<(), String> {
         true => start_reporting(&config, &state, finished).await,
         false => None,
     };
-    let mut terminate = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
-    let mut interrupt = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
     let shutdown = async {
         tokio::select! {
             _ = terminate.recv() => tracing::info!("SIGTERM: stopping"),

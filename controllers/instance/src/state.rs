@@ -18,6 +18,9 @@ pub enum Phase {
     WaitingForRole,
     /// initdb or pg_basebackup is running.
     Bootstrapping,
+    /// pg_rewind is running on a former primary's folder; a shutdown waits
+    /// for it, since an interrupted rewind leaves the folder unusable.
+    Rewinding,
     /// postgres runs (it may still be recovering).
     Running,
     /// Something failed; the next attempt is after a backoff.

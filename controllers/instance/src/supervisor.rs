@@ -9,16 +9,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cairn_api::database::instance as contract;
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
 
-use crate::children::{Child, Children};
+use crate::children::{Child, Children, Signaller};
 use crate::conf;
 use crate::config::Config;
 use crate::observe::{self, Limits, Role};
 use crate::state::{Phase, State};
+
+/// The longest a query of this process may take (also its statement_timeout).
+const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A run of postgres that must end in a restart in another role, and why.
 struct Restart(String);
@@ -47,9 +49,18 @@ impl Supervisor {
                 role = self.wait_for_role() => role,
                 () = &mut shutdown => break,
             };
+            let mut prepare = std::pin::pin!(self.prepare(role));
             let prepared = tokio::select! {
-                prepared = self.prepare(role) => prepared,
-                () = &mut shutdown => break,
+                prepared = &mut prepare => prepared,
+                () = &mut shutdown => {
+                    // initdb and pg_basebackup fill a sibling folder: they
+                    // may stop anywhere. pg_rewind may not.
+                    if self.state.status().phase == Phase::Rewinding {
+                        tracing::info!("stopping once pg_rewind has finished");
+                        let _ = prepare.await;
+                    }
+                    break;
+                }
             };
             if let Err(mut message) = prepared {
                 if let Some(low) = self.check_volume() {
@@ -66,15 +77,18 @@ impl Supervisor {
                 Ok(child) => child,
                 Err(message) => {
                     self.state.error(message);
-                    tokio::time::sleep(backoff.next()).await;
-                    continue;
+                    self.state.phase(Phase::Retrying);
+                    tokio::select! {
+                        () = tokio::time::sleep(backoff.next()) => continue,
+                        () = &mut shutdown => break,
+                    }
                 }
             };
             let started = Instant::now();
-            let pid = postgres.pid;
+            let signaller = postgres.signaller();
             let exit = tokio::select! {
                 exit = postgres.wait() => exit,
-                Restart(reason) = self.watch(pid, role) => {
+                Restart(reason) = self.watch(signaller, role) => {
                     // A demotion: writes must stop now, not when sessions end;
                     // and it is no failure, so no backoff.
                     tracing::info!(%reason, "restarting postgres");
@@ -144,8 +158,12 @@ impl Supervisor {
             DataFolder::Existing => {
                 tracing::info!(data = %data.display(), %role, "starting from the existing data folder");
                 remove_stale_pid_file(data);
-                if role == Role::Replica && self.last_ran_as_primary().await? {
-                    self.rewind().await?;
+                refuse_after_interrupted_rewind(data)?;
+                if role == Role::Replica {
+                    let control = self.control_data().await?;
+                    if control.was_primary {
+                        self.rewind(control.timeline).await?;
+                    }
                 }
             }
             DataFolder::Absent => {
@@ -166,31 +184,27 @@ impl Supervisor {
         Ok(())
     }
 
-    /// Whether the data folder was last a primary's (running or cleanly
-    /// stopped), from its control file.
-    async fn last_ran_as_primary(&self) -> Result<bool, String> {
+    /// What the folder's control file says (pg_controldata).
+    async fn control_data(&self) -> Result<ControlData, String> {
+        let data = &self.config.data_dir;
         let mut controldata = Command::new(self.config.program("pg_controldata"));
-        controldata.arg(&self.config.data_dir).env("LC_ALL", "C");
+        controldata.arg(data).env("LC_ALL", "C");
         let output = self
             .children
             .run(&mut controldata)
             .await
             .map_err(|e| format!("cannot run pg_controldata: {e}"))?;
-        let state = output
-            .output
-            .lines()
-            .find_map(|line| line.strip_prefix("Database cluster state:"))
-            .map(str::trim)
-            .ok_or_else(|| format!("pg_controldata: {}", last_lines(&output.output, 2)))?;
-        Ok(matches!(state, "in production" | "shut down"))
+        ControlData::parse(&output.output, data.join("backup_label").exists())
+            .ok_or_else(|| format!("pg_controldata: {}", last_lines(&output.output, 2)))
     }
 
     /// Rewinds a former primary's folder to where its history and the current
     /// primary's part, so it can follow the new timeline without a new base
     /// backup (needs wal_log_hints or checksums: the controller sets the first,
     /// initdb here the second). Writes nothing if no rewind is needed.
-    async fn rewind(&self) -> Result<(), String> {
+    async fn rewind(&self, timeline: u32) -> Result<(), String> {
         let host = self.primary_host()?;
+        self.check_rewind_source(&host, timeline).await?;
         let source = conf::conninfo(&[
             ("host", host.as_str()),
             ("port", &self.config.primary_port.to_string()),
@@ -200,6 +214,14 @@ impl Supervisor {
             ("connect_timeout", "10"),
         ]);
         tracing::info!(%host, "the folder was a primary's: rewinding it to follow the current primary (pg_rewind)");
+        self.state.phase(Phase::Rewinding);
+        // pg_rewind first recovers a folder that was not shut down cleanly,
+        // in single-user mode, which refuses a standby's folder.
+        remove_if_present(&self.config.data_dir.join("standby.signal"))?;
+        let marker = rewind_marker(&self.config.data_dir);
+        std::fs::write(&marker, "")
+            .and_then(|()| sync_parent(&marker))
+            .map_err(|e| format!("{}: {e}", marker.display()))?;
         let mut rewind = Command::new(self.config.program("pg_rewind"));
         rewind
             .arg("--target-pgdata")
@@ -209,15 +231,76 @@ impl Supervisor {
             .children
             .run(&mut rewind)
             .await
-            .map_err(|e| format!("cannot run pg_rewind: {e}"))?;
-        if !output.exit.success() {
+            .map_err(|e| format!("cannot run pg_rewind: {e}"));
+        let output = match output {
+            Ok(output) if output.exit.success() => output,
+            Ok(output) if rewind_started(&output.output) => {
+                return Err(format!(
+                    "pg_rewind failed while rewriting the folder ({}): {}",
+                    output.exit,
+                    last_lines(&output.output, 3)
+                ));
+            }
+            failed => {
+                // It changed nothing: the next attempt may rewind again.
+                let _ = std::fs::remove_file(&marker);
+                return Err(match failed {
+                    Ok(output) => format!(
+                        "pg_rewind failed ({}): {}",
+                        output.exit,
+                        last_lines(&output.output, 3)
+                    ),
+                    Err(message) => message,
+                });
+            }
+        };
+        std::fs::remove_file(&marker).map_err(|e| format!("{}: {e}", marker.display()))?;
+        tracing::info!(output = %last_lines(&output.output, 1), "pg_rewind done");
+        Ok(())
+    }
+
+    /// pg_rewind trusts its source: a server still in recovery (its promotion
+    /// not yet seen by the Service) or on the folder's own timeline would make
+    /// it report "no rewind required" over diverged histories.
+    async fn check_rewind_source(&self, host: &str, timeline: u32) -> Result<(), String> {
+        let password = self.credential(contract::SUPERUSER_PASSWORD_KEY)?;
+        let (client, connection) = tokio_postgres::Config::new()
+            .host(host)
+            .port(self.config.primary_port)
+            .user("postgres")
+            .password(password)
+            .dbname("postgres")
+            .application_name("cairn-instance")
+            .connect_timeout(Duration::from_secs(10))
+            .connect(tokio_postgres::NoTls)
+            .await
+            .map_err(|e| format!("cannot reach the primary {host} to rewind from: {e}"))?;
+        tokio::spawn(connection);
+        let sql = |e: tokio_postgres::Error| format!("the primary {host}: {e}");
+        let in_recovery: bool = client
+            .query_one("SELECT pg_is_in_recovery()", &[])
+            .await
+            .map_err(sql)?
+            .get(0);
+        if in_recovery {
             return Err(format!(
-                "pg_rewind failed ({}): {}",
-                output.exit,
-                last_lines(&output.output, 3)
+                "the primary {host} is still in recovery: rewinding once it is promoted"
             ));
         }
-        tracing::info!(output = %last_lines(&output.output, 1), "pg_rewind done");
+        // After a promotion the control file names the new timeline only
+        // after a checkpoint; pg_rewind reads it there.
+        client.batch_execute("CHECKPOINT").await.map_err(sql)?;
+        let source: i32 = client
+            .query_one("SELECT timeline_id FROM pg_control_checkpoint()", &[])
+            .await
+            .map_err(sql)?
+            .get(0);
+        if i64::from(source) <= i64::from(timeline) {
+            return Err(format!(
+                "the primary {host} is on timeline {source}, not past this folder's {timeline}: \
+                 refusing to follow it"
+            ));
+        }
         Ok(())
     }
 
@@ -297,6 +380,7 @@ impl Supervisor {
             std::fs::remove_dir(data).map_err(|e| format!("{}: {e}", data.display()))?;
         }
         std::fs::rename(target, data)
+            .and_then(|()| sync_parent(data))
             .map_err(|e| format!("moving {} to {}: {e}", target.display(), data.display()))?;
         tracing::info!(data = %data.display(), "{what} done");
         Ok(())
@@ -370,7 +454,7 @@ impl Supervisor {
         let steps = [
             (Signal::SIGTERM, "smart", self.config.smart_shutdown_seconds),
             (Signal::SIGINT, "fast", self.config.fast_shutdown_seconds),
-            (Signal::SIGQUIT, "immediate", 30),
+            (Signal::SIGQUIT, "immediate", 5),
         ];
         for (signal, mode, seconds) in steps.into_iter().skip(usize::from(!smart)) {
             tracing::info!(mode, "stopping postgres");
@@ -387,7 +471,7 @@ impl Supervisor {
     }
 
     /// Watches a running postgres until it must restart in another role.
-    async fn watch(&self, postgres: Pid, started_as: Role) -> Restart {
+    async fn watch(&self, postgres: Signaller, started_as: Role) -> Restart {
         let limits = Limits {
             max_lag_bytes: self.config.max_lag_bytes,
             max_silence: Duration::from_secs(self.config.max_lag_seconds),
@@ -410,11 +494,19 @@ impl Supervisor {
                 Err(reason) => tracing::warn!(%reason, role = %assigned, "keeping the last role"),
             }
             self.state.update(|s| s.assigned_role = Some(assigned));
+            // A server that runs as a primary stops taking writes when told,
+            // whether or not it answers this process's queries.
+            if assigned == Role::Replica && (started_as == Role::Primary || promoted) {
+                return Restart(
+                    "assigned replica while running as a primary: restarting as a standby"
+                        .to_owned(),
+                );
+            }
             let config_now = self.config_files();
             if config_now != config_seen {
                 match self.write_conf(assigned) {
                     Ok(()) => {
-                        let _ = kill(postgres, Signal::SIGHUP);
+                        postgres.signal(Signal::SIGHUP);
                         tracing::info!("configuration changed: postgres reloaded");
                         config_seen = config_now;
                     }
@@ -433,9 +525,15 @@ impl Supervisor {
             let Some(connection) = session.as_ref() else {
                 continue;
             };
-            let sample = match connection.sample().await {
-                Ok(sample) => sample,
-                Err(e) => {
+            let sample = match tokio::time::timeout(QUERY_TIMEOUT, connection.sample()).await {
+                Ok(Ok(sample)) => sample,
+                Err(_) => {
+                    session = None;
+                    self.state
+                        .observe(None, Err(format!("no answer within {QUERY_TIMEOUT:?}")));
+                    continue;
+                }
+                Ok(Err(e)) => {
                     session = None;
                     self.state.observe(None, Err(format!("query failed: {e}")));
                     continue;
@@ -574,6 +672,10 @@ impl Supervisor {
             .password(password)
             .dbname("postgres")
             .application_name("cairn-instance")
+            .options(format!(
+                "-c statement_timeout={}",
+                QUERY_TIMEOUT.as_millis()
+            ))
             .connect_timeout(Duration::from_secs(3));
         match config.connect(tokio_postgres::NoTls).await {
             Ok((client, connection)) => {
@@ -675,11 +777,74 @@ fn data_folder(data: &Path) -> Result<DataFolder, String> {
     }
 }
 
+/// A former primary's folder holds diverged WAL, unless its last run was in
+/// recovery (a standby, or a folder pg_rewind has finished) or it is a fresh
+/// base backup (backup_label; its control file is the primary's).
+#[derive(Debug, PartialEq, Eq)]
+struct ControlData {
+    was_primary: bool,
+    timeline: u32,
+}
+
+impl ControlData {
+    fn parse(output: &str, has_backup_label: bool) -> Option<Self> {
+        let field = |name: &str| {
+            output
+                .lines()
+                .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+                .map(str::trim)
+        };
+        let state = field("Database cluster state")?;
+        let timeline = field("Latest checkpoint's TimeLineID")?.parse().ok()?;
+        let in_recovery = matches!(state, "shut down in recovery" | "in archive recovery");
+        Some(Self {
+            was_primary: !in_recovery && !has_backup_label,
+            timeline,
+        })
+    }
+}
+
+/// Beside the data folder (pg_rewind removes what its source lacks): there
+/// while pg_rewind may be rewriting the folder.
+fn rewind_marker(data: &Path) -> PathBuf {
+    sibling(data, "rewinding")
+}
+
+/// PostgreSQL: a folder whose pg_rewind failed midway "is likely not in a
+/// state that can be recovered". It is kept, never started.
+fn refuse_after_interrupted_rewind(data: &Path) -> Result<(), String> {
+    let marker = rewind_marker(data);
+    if marker.exists() {
+        return Err(format!(
+            "pg_rewind of {} did not finish, so the folder may be inconsistent: it is kept and \
+             not started. Move it away (or delete its volume) for a new clone from the primary; \
+             then remove {}",
+            data.display(),
+            marker.display()
+        ));
+    }
+    Ok(())
+}
+
+/// pg_rewind prints this before it changes the target folder.
+fn rewind_started(output: &str) -> bool {
+    output.contains("rewinding from last common checkpoint")
+}
+
 /// A folder beside the data folder, on the same filesystem (so a rename moves it).
 fn sibling(data: &Path, suffix: &str) -> PathBuf {
     let mut name = data.file_name().unwrap_or_default().to_os_string();
     name.push(format!(".{suffix}"));
     data.with_file_name(name)
+}
+
+fn remove_if_present(file: &Path) -> Result<(), String> {
+    match std::fs::remove_file(file) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(format!("{}: {e}", file.display()))
+        }
+        _ => Ok(()),
+    }
 }
 
 fn remove_dir_if_present(dir: &Path) -> Result<(), String> {
@@ -709,13 +874,33 @@ fn remove_stale_pid_file(data: &Path) {
     }
 }
 
+/// Writes a file readable by no one else from its first byte (it may hold
+/// passwords), then moves it into place.
 fn write_atomically(path: &Path, text: &str, mode: u32) -> Result<(), String> {
-    use std::os::unix::fs::PermissionsExt;
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     let temporary = path.with_extension("cairn-tmp");
-    std::fs::write(&temporary, text)
-        .and_then(|()| std::fs::set_permissions(&temporary, std::fs::Permissions::from_mode(mode)))
+    let _ = std::fs::remove_file(&temporary);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(&temporary)
+        .and_then(|mut file| {
+            file.write_all(text.as_bytes())?;
+            file.sync_all()
+        })
         .and_then(|()| std::fs::rename(&temporary, path))
+        .and_then(|()| sync_parent(path))
         .map_err(|e| format!("writing {}: {e}", path.display()))
+}
+
+/// Makes a rename or a new entry in `path`'s folder durable.
+fn sync_parent(path: &Path) -> std::io::Result<()> {
+    match path.parent() {
+        Some(parent) => std::fs::File::open(parent)?.sync_all(),
+        None => Ok(()),
+    }
 }
 
 fn last_lines(text: &str, count: usize) -> String {
@@ -769,6 +954,32 @@ mod tests {
         std::fs::write(dir.join("PG_VERSION"), "15").unwrap_or_default();
         assert!(matches!(data_folder(&dir), Ok(DataFolder::Existing)));
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_folder_was_a_primary_unless_its_last_run_was_in_recovery() {
+        let control = |state: &str, backup_label: bool| {
+            let output = format!(
+                "pg_control version number:            1300\n\
+                 Database cluster state:               {state}\n\
+                 Latest checkpoint's TimeLineID:       3\n"
+            );
+            ControlData::parse(&output, backup_label).map(|c| (c.was_primary, c.timeline))
+        };
+        for state in [
+            "in production",
+            "shut down",
+            "shutting down",
+            "in crash recovery",
+        ] {
+            assert_eq!(control(state, false), Some((true, 3)), "{state}");
+        }
+        for state in ["shut down in recovery", "in archive recovery"] {
+            assert_eq!(control(state, false), Some((false, 3)), "{state}");
+        }
+        // A fresh base backup carries the primary's control file.
+        assert_eq!(control("in production", true), Some((false, 3)));
+        assert_eq!(ControlData::parse("garbage", false), None);
     }
 
     #[test]

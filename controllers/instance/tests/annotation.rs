@@ -62,13 +62,7 @@ async fn the_observed_state_is_written_on_the_pod_only_when_it_changes() -> Resu
 
     let start = Instant::now();
     let observed = loop {
-        let pod = pods.get("orders-0").await?;
-        let text = pod
-            .metadata
-            .annotations
-            .unwrap_or_default()
-            .remove(OBSERVED_ANNOTATION);
-        if let Some(state) = text.and_then(|t| serde_json::from_str::<ObservedState>(&t).ok())
+        if let Some(state) = observed_state(&pods, "orders-0").await?
             && state.ready
         {
             break state;
@@ -94,9 +88,29 @@ async fn the_observed_state_is_written_on_the_pod_only_when_it_changes() -> Resu
         "{denied:?}"
     );
 
-    // Idle: no writes. (The window starts 20 s in: PostgreSQL logs a standby
-    // snapshot 15 s after the last activity, which moves the WAL position once.)
-    tokio::time::sleep(Duration::from_secs(20)).await;
+    // Idle: no writes. The window starts once the WAL position has stood
+    // still for 30 s: after activity the background writer logs one standby
+    // snapshot, at most every 15 s and up to 10 s late when it hibernates,
+    // which moves the position (a change, rightly reported).
+    let session = primary.sql().await?;
+    let wal_position = || async {
+        let row = session
+            .query_one("SELECT pg_current_wal_lsn()::text", &[])
+            .await?;
+        Result::<String>::Ok(row.get(0))
+    };
+    let (mut position, mut since) = (wal_position().await?, Instant::now());
+    while since.elapsed() < Duration::from_secs(30) {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "the WAL never settles"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = wal_position().await?;
+        if now != position {
+            (position, since) = (now, Instant::now());
+        }
+    }
     let user = format!("system:serviceaccount:{}:orders", ns.name);
     let count = || -> Result<usize> {
         Ok(audit::write_requests(&cluster.audit_log())?
@@ -108,21 +122,29 @@ async fn the_observed_state_is_written_on_the_pod_only_when_it_changes() -> Resu
     tokio::time::sleep(Duration::from_secs(15)).await;
     let idle_writes = count()? - before;
     println!("annotation writes: {before} until idle, {idle_writes} in 15 idle seconds");
+    assert_eq!(wal_position().await?, position, "the WAL moved: not idle");
     assert_eq!(idle_writes, 0);
 
     // A change of readiness is written at once: the primary's server stops.
     let mut primary = primary;
     primary.terminate(Duration::from_secs(60)).await?;
-    let pod = pods.get("orders-0").await?;
-    let text = pod
-        .metadata
-        .annotations
-        .unwrap_or_default()
-        .remove(OBSERVED_ANNOTATION);
-    let last: ObservedState = serde_json::from_str(&text.unwrap_or_default())?;
+    let last = observed_state(&pods, "orders-0")
+        .await?
+        .ok_or("no observed state on the pod")?;
     assert!(
         !last.ready,
         "the last report before exit says not ready: {last:?}"
     );
     fixture.passed()
+}
+
+/// The state the instance reported on its pod, if any.
+async fn observed_state(pods: &Api<Pod>, name: &str) -> Result<Option<ObservedState>> {
+    let pod = pods.get(name).await?;
+    let text = pod
+        .metadata
+        .annotations
+        .unwrap_or_default()
+        .remove(OBSERVED_ANNOTATION);
+    Ok(text.map(|t| serde_json::from_str(&t)).transpose()?)
 }

@@ -84,7 +84,8 @@ async fn an_unreachable_primary_is_reported_and_retried() -> Result {
 }
 
 #[tokio::test]
-async fn missing_credentials_and_foreign_data_are_refused_without_touching_anything() -> Result {
+async fn missing_credentials_foreign_data_and_a_cut_off_rewind_are_refused_without_touching_anything()
+-> Result {
     let mut fixture = Fixture::new("refusals", &[])?;
     let mut spec = fixture.instance("orders-0", "primary")?;
     spec.credentials_dir = fixture.root.join("no-credentials");
@@ -116,6 +117,23 @@ async fn missing_credentials_and_foreign_data_are_refused_without_touching_anyth
         std::fs::read_to_string(spec.data_dir().join("precious.txt"))?,
         "not a database"
     );
+
+    // A folder whose pg_rewind was cut off midway is kept and not started.
+    let spec = fixture.instance("orders-2", "primary")?;
+    let mut instance = fixture.start(&spec)?;
+    instance.wait_ready(Duration::from_secs(60)).await?;
+    instance.terminate(Duration::from_secs(60)).await?;
+    let marker = spec.data_dir().with_extension("rewinding");
+    std::fs::write(&marker, "")?;
+    let instance = fixture.start(&spec)?;
+    instance
+        .wait_status("a refusal", Duration::from_secs(20), |s| {
+            error_of(s).contains("pg_rewind") && error_of(s).contains("did not finish")
+        })
+        .await?;
+    assert!(!instance.ready().await);
+    assert!(!spec.data_dir().join("postmaster.pid").exists());
+    assert!(spec.data_dir().join("PG_VERSION").exists());
     fixture.passed()
 }
 

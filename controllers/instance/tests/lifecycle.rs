@@ -35,16 +35,7 @@ async fn readiness_follows_the_server_accepting_connections() -> Result {
         "/readyz was never false during bootstrap"
     );
     // Ready means the application can connect and use its database.
-    let credentials = &fixture.credentials;
-    let (app, connection) = tokio_postgres::Config::new()
-        .host("127.0.0.1")
-        .port(spec.port)
-        .user(&credentials["username"])
-        .password(&credentials["password"])
-        .dbname(&credentials["database"])
-        .connect(tokio_postgres::NoTls)
-        .await?;
-    tokio::spawn(connection);
+    let app = primary.app().await?;
     app.batch_execute("CREATE TABLE t (x int)").await?;
     let (code, _) = primary.get("/livez").await?;
     assert_eq!(code, 200);

@@ -212,7 +212,7 @@ impl Fixture {
             spec: spec.clone(),
             log,
             child,
-            password: self.credentials["superuser-password"].clone(),
+            credentials: self.credentials.clone(),
         })
     }
 }
@@ -302,7 +302,7 @@ pub struct Instance {
     pub spec: InstanceSpec,
     pub log: PathBuf,
     child: Child,
-    password: String,
+    credentials: BTreeMap<String, String>,
 }
 
 impl Instance {
@@ -356,12 +356,29 @@ impl Instance {
 
     /// A superuser session on the instance's server.
     pub async fn sql(&self) -> Result<tokio_postgres::Client> {
+        let password = &self.credentials["superuser-password"];
+        self.session("postgres", password, "postgres").await
+    }
+
+    /// A session of the application's owner on its database.
+    pub async fn app(&self) -> Result<tokio_postgres::Client> {
+        let c = &self.credentials;
+        self.session(&c["username"], &c["password"], &c["database"])
+            .await
+    }
+
+    async fn session(
+        &self,
+        user: &str,
+        password: &str,
+        database: &str,
+    ) -> Result<tokio_postgres::Client> {
         let (client, connection) = tokio_postgres::Config::new()
             .host("127.0.0.1")
             .port(self.spec.port)
-            .user("postgres")
-            .password(&self.password)
-            .dbname("postgres")
+            .user(user)
+            .password(password)
+            .dbname(database)
             .connect_timeout(Duration::from_secs(5))
             .connect(tokio_postgres::NoTls)
             .await?;
