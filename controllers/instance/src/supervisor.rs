@@ -162,7 +162,9 @@ impl Supervisor {
                 if role == Role::Replica {
                     let control = self.control_data().await?;
                     if control.was_primary {
-                        self.rewind(control.timeline).await?;
+                        // A promotion not yet checkpointed shows only in pg_wal.
+                        let timeline = control.timeline.max(latest_history(data));
+                        self.rewind(timeline).await?;
                     }
                 }
             }
@@ -224,6 +226,7 @@ impl Supervisor {
             .map_err(|e| format!("{}: {e}", marker.display()))?;
         let mut rewind = Command::new(self.config.program("pg_rewind"));
         rewind
+            .env("LC_ALL", "C") // `rewind_started` reads its English output
             .arg("--target-pgdata")
             .arg(&self.config.data_dir)
             .arg(format!("--source-server={source}"));
@@ -263,6 +266,16 @@ impl Supervisor {
     /// not yet seen by the Service) or on the folder's own timeline would make
     /// it report "no rewind required" over diverged histories.
     async fn check_rewind_source(&self, host: &str, timeline: u32) -> Result<(), String> {
+        // A connected source that stops answering must not hold up the retry.
+        tokio::time::timeout(
+            Duration::from_secs(120),
+            self.try_check_rewind_source(host, timeline),
+        )
+        .await
+        .unwrap_or_else(|_| Err(format!("the primary {host} did not answer within 120 s")))
+    }
+
+    async fn try_check_rewind_source(&self, host: &str, timeline: u32) -> Result<(), String> {
         let password = self.credential(contract::SUPERUSER_PASSWORD_KEY)?;
         let (client, connection) = tokio_postgres::Config::new()
             .host(host)
@@ -295,10 +308,12 @@ impl Supervisor {
             .await
             .map_err(sql)?
             .get(0);
-        if i64::from(source) <= i64::from(timeline) {
+        // On the same timeline, two histories cannot be told apart: pg_rewind
+        // would say "no rewind required" over a fork. (A source on an earlier
+        // timeline is fine: pg_rewind compares both histories.)
+        if i64::from(source) == i64::from(timeline) {
             return Err(format!(
-                "the primary {host} is on timeline {source}, not past this folder's {timeline}: \
-                 refusing to follow it"
+                "the primary {host} is on this folder's timeline {source}: refusing to follow it"
             ));
         }
         Ok(())
@@ -375,6 +390,8 @@ impl Supervisor {
                 last_lines(&output.output, 3)
             ));
         }
+        // A marker left with a folder an operator removed says nothing of this one.
+        remove_if_present(&rewind_marker(data))?;
         if data.exists() {
             // An empty folder, or `data_folder` would have refused.
             std::fs::remove_dir(data).map_err(|e| format!("{}: {e}", data.display()))?;
@@ -898,9 +915,29 @@ fn write_atomically(path: &Path, text: &str, mode: u32) -> Result<(), String> {
 /// Makes a rename or a new entry in `path`'s folder durable.
 fn sync_parent(path: &Path) -> std::io::Result<()> {
     match path.parent() {
+        Some(parent) if parent.as_os_str().is_empty() => std::fs::File::open(".")?.sync_all(),
         Some(parent) => std::fs::File::open(parent)?.sync_all(),
         None => Ok(()),
     }
+}
+
+/// The highest timeline with a history file in the folder's pg_wal (0 if none).
+fn latest_history(data: &Path) -> u32 {
+    let Ok(entries) = std::fs::read_dir(data.join("pg_wal")) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| history_timeline(&entry.file_name().to_string_lossy()))
+        .max()
+        .unwrap_or(0)
+}
+
+/// `0000000A.history` → 10.
+fn history_timeline(name: &str) -> Option<u32> {
+    let hex = name.strip_suffix(".history")?;
+    (hex.len() == 8).then_some(())?;
+    u32::from_str_radix(hex, 16).ok()
 }
 
 fn last_lines(text: &str, count: usize) -> String {
@@ -980,6 +1017,14 @@ mod tests {
         // A fresh base backup carries the primary's control file.
         assert_eq!(control("in production", true), Some((false, 3)));
         assert_eq!(ControlData::parse("garbage", false), None);
+    }
+
+    #[test]
+    fn history_file_names() {
+        assert_eq!(history_timeline("00000002.history"), Some(2));
+        assert_eq!(history_timeline("0000000A.history"), Some(10));
+        assert_eq!(history_timeline("000000010000000000000001"), None);
+        assert_eq!(history_timeline("2.history"), None);
     }
 
     #[test]

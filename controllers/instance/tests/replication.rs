@@ -320,3 +320,48 @@ async fn a_running_primary_assigned_replica_stops_taking_writes_and_follows() ->
     );
     fixture.passed()
 }
+
+/// Two replicas of one primary both promoted (a split brain) are on timeline
+/// 2 with different histories: the one told to follow the other refuses, as
+/// pg_rewind would see one timeline and rewind nothing.
+#[tokio::test]
+async fn a_replica_promoted_beside_another_refuses_to_follow_it() -> Result {
+    let mut fixture = Fixture::new("forked", &[])?;
+    let primary = fixture.start(&fixture.instance("orders-0", "primary")?)?;
+    primary.wait_ready(Duration::from_secs(60)).await?;
+    let left_spec = fixture.instance("orders-1", "replica")?.following(&primary);
+    let right_spec = fixture.instance("orders-2", "replica")?.following(&primary);
+    let left = fixture.start(&left_spec)?;
+    let right = fixture.start(&right_spec)?;
+    for (spec, instance) in [(&left_spec, &left), (&right_spec, &right)] {
+        instance.wait_ready(Duration::from_secs(60)).await?;
+        fixture.assign(spec, "primary")?;
+    }
+    for instance in [&left, &right] {
+        instance
+            .wait_status("promoted", Duration::from_secs(30), |s| {
+                s["ready"] == true && s["role"] == "primary" && s["timeline"] == 2
+            })
+            .await?;
+    }
+    right
+        .sql()
+        .await?
+        .batch_execute("CREATE TABLE forked (x int)")
+        .await?;
+
+    let mut right = right;
+    right.terminate(Duration::from_secs(60)).await?;
+    fixture.assign(&right_spec, "replica")?;
+    let right = fixture.start(&right_spec.following(&left))?;
+    right
+        .wait_status("a refusal", Duration::from_secs(30), |s| {
+            s["lastError"]
+                .as_str()
+                .is_some_and(|e| e.contains("refusing to follow it"))
+        })
+        .await?;
+    assert!(!right.ready().await);
+    assert!(!right.log_text().contains("pg_rewind done"));
+    fixture.passed()
+}
