@@ -9,6 +9,7 @@ pub mod config;
 pub mod metrics;
 pub mod observe;
 pub mod report;
+pub mod scram;
 pub mod server;
 pub mod state;
 pub mod supervisor;

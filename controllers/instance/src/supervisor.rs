@@ -17,6 +17,7 @@ use crate::children::{Child, Children, Signaller};
 use crate::conf;
 use crate::config::Config;
 use crate::observe::{self, Limits, Role};
+use crate::scram;
 use crate::state::{Phase, State};
 
 /// The longest a query of this process may take (also its statement_timeout).
@@ -495,6 +496,7 @@ impl Supervisor {
         };
         let mut session: Option<observe::Session> = None;
         let mut config_seen = self.config_files();
+        let mut credentials_seen = self.credentials();
         let mut assigned = started_as;
         let mut roles_ready = false;
         let mut promoted = false;
@@ -529,6 +531,19 @@ impl Supervisor {
                     }
                     Err(message) => self.state.error(message),
                 }
+            }
+            let credentials_now = self.credentials();
+            if credentials_now != credentials_seen {
+                // The Secret changed (a rotation): a primary sets the new
+                // passwords on its roles, a replica uses them from now on.
+                tracing::info!("credentials changed");
+                roles_ready = false;
+                if assigned == Role::Replica
+                    && let Err(message) = self.write_passwords()
+                {
+                    self.state.error(message);
+                }
+                credentials_seen = credentials_now;
             }
             if session.is_none() {
                 match self.connect().await {
@@ -616,13 +631,14 @@ impl Supervisor {
     }
 
     /// The application database, its owner and the replication user, created
-    /// when missing. Passwords travel as SCRAM verifiers, never in clear.
+    /// when missing; a role's password set again when the Secret's differs
+    /// (a rotation). Passwords travel as SCRAM verifiers, never in clear.
     async fn ensure_roles(&self, client: &Client) -> bool {
         match self.try_ensure_roles(client).await {
             Ok(()) => true,
             Err(message) => {
                 self.state
-                    .error(format!("creating the application roles: {message}"));
+                    .error(format!("the application's roles: {message}"));
                 false
             }
         }
@@ -641,22 +657,32 @@ impl Supervisor {
         ];
         let sql = |e: tokio_postgres::Error| e.to_string();
         for (user, password_key, attributes) in users {
-            let exists = client
-                .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&user])
+            let password = self.credential(password_key)?;
+            let stored: Option<Option<String>> = client
+                .query_opt(
+                    "SELECT rolpassword FROM pg_authid WHERE rolname = $1",
+                    &[&user],
+                )
                 .await
-                .map_err(sql)?;
-            if exists.is_none() {
-                let password = self.credential(password_key)?;
-                let verifier = postgres_protocol::password::scram_sha_256(password.as_bytes());
-                client
-                    .batch_execute(&format!(
-                        "CREATE ROLE {} {attributes} PASSWORD {}",
-                        identifier(&user),
-                        literal(&verifier)
-                    ))
-                    .await
-                    .map_err(sql)?;
-                tracing::info!(role = %user, "created role");
+                .map_err(sql)?
+                .map(|row| row.get(0));
+            let create = match stored {
+                None => true,
+                Some(Some(verifier)) if scram::verifies(&password, &verifier) => continue,
+                Some(_) => false,
+            };
+            let name = identifier(&user);
+            let verifier = literal(&postgres_protocol::password::scram_sha_256(
+                password.as_bytes(),
+            ));
+            let statement = match create {
+                true => format!("CREATE ROLE {name} {attributes} PASSWORD {verifier}"),
+                false => format!("ALTER ROLE {name} PASSWORD {verifier}"),
+            };
+            client.batch_execute(&statement).await.map_err(sql)?;
+            match create {
+                true => tracing::info!(role = %user, "created role"),
+                false => tracing::info!(role = %user, "set the role's password from the Secret"),
             }
         }
         let exists = client
@@ -746,6 +772,20 @@ impl Supervisor {
                 total / MIB
             )
         })
+    }
+
+    /// The Secret's values as mounted now; compared, never logged.
+    fn credentials(&self) -> Vec<Option<String>> {
+        [
+            contract::OWNER_KEY,
+            contract::OWNER_PASSWORD_KEY,
+            contract::REPLICATION_USER_KEY,
+            contract::REPLICATION_PASSWORD_KEY,
+            contract::SUPERUSER_PASSWORD_KEY,
+        ]
+        .into_iter()
+        .map(|key| self.config.credential(key).ok())
+        .collect()
     }
 
     fn config_files(&self) -> Option<(String, String)> {

@@ -365,3 +365,70 @@ async fn a_replica_promoted_beside_another_refuses_to_follow_it() -> Result {
     assert!(!right.log_text().contains("pg_rewind done"));
     fixture.passed()
 }
+
+/// A rotated Secret: the primary sets the new passwords on its roles (the
+/// old application password stops working), and the replica, once its
+/// connection drops, streams again with the new replication password.
+#[tokio::test]
+async fn rotated_passwords_take_effect_without_a_restart() -> Result {
+    let mut fixture = Fixture::new("rotation", &[])?;
+    let primary = fixture.start(&fixture.instance("orders-0", "primary")?)?;
+    primary.wait_ready(Duration::from_secs(60)).await?;
+    let replica_spec = fixture.instance("orders-1", "replica")?.following(&primary);
+    let replica = fixture.start(&replica_spec)?;
+    replica.wait_ready(Duration::from_secs(60)).await?;
+
+    let old = fixture.credentials.clone();
+    let mut rotated = old.clone();
+    rotated.insert("password".into(), "rotated-application-password".into());
+    rotated.insert(
+        "replication-password".into(),
+        "rotated-replication-password".into(),
+    );
+    let changed = Instant::now();
+    fixture.write_credentials(&fixture.credentials_dir, &rotated)?;
+    let (user, database) = (&old["username"], &old["database"]);
+    while primary
+        .session(user, &rotated["password"], database)
+        .await
+        .is_err()
+    {
+        assert!(
+            changed.elapsed() < Duration::from_secs(10),
+            "the new password is not accepted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!(
+        "rotated password accepted {} ms after the Secret changed",
+        changed.elapsed().as_millis()
+    );
+    let refused = primary.session(user, &old["password"], database).await;
+    assert!(refused.is_err(), "the old password still works");
+
+    // The replica's walreceiver reconnects with the new password.
+    let superuser = primary.sql().await?;
+    let before: i32 = superuser
+        .query_one("SELECT pid FROM pg_stat_replication", &[])
+        .await?
+        .get(0);
+    superuser
+        .execute("SELECT pg_terminate_backend($1)", &[&before])
+        .await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let rows = superuser
+            .query(
+                "SELECT pid FROM pg_stat_replication WHERE state = 'streaming'",
+                &[],
+            )
+            .await?;
+        if rows.iter().any(|row| row.get::<_, i32>(0) != before) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{}", replica.log_text());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    replica.wait_ready(Duration::from_secs(30)).await?;
+    fixture.passed()
+}

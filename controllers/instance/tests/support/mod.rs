@@ -367,7 +367,7 @@ impl Instance {
             .await
     }
 
-    async fn session(
+    pub async fn session(
         &self,
         user: &str,
         password: &str,
