@@ -7,6 +7,8 @@ use base64::engine::general_purpose::STANDARD;
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::{Digest, Sha256};
 
+const MAX_ITERATIONS: u32 = 100_000;
+
 /// `SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>` holds
 /// `password`. Anything else (MD5, plain text, malformed) does not.
 pub fn verifies(password: &str, verifier: &str) -> bool {
@@ -18,7 +20,13 @@ fn stored_key_of(password: &str, verifier: &str) -> Option<bool> {
     let (parameters, keys) = rest.split_once('$')?;
     let (iterations, salt) = parameters.split_once(':')?;
     let (stored_key, _server_key) = keys.split_once(':')?;
-    let iterations: u32 = iterations.parse().ok().filter(|i| *i > 0)?;
+    // PostgreSQL's default is 4096; a far larger count (PostgreSQL 16's
+    // scram_iterations) would stall the watch loop: "no match", so the
+    // password is set again with ours.
+    let iterations: u32 = iterations
+        .parse()
+        .ok()
+        .filter(|i| (1..=MAX_ITERATIONS).contains(i))?;
     let salt = STANDARD.decode(salt).ok()?;
     let stored_key = STANDARD.decode(stored_key).ok()?;
     // SASLprep when it applies; PostgreSQL falls back to the raw bytes.
@@ -76,6 +84,7 @@ mod tests {
             "SCRAM-SHA-256$0:AAAA$AAAA:AAAA",
             "SCRAM-SHA-256$4096:not base64$x:y",
             "SCRAM-SHA-256$4096",
+            "SCRAM-SHA-256$4000000000:AAAA$AAAA:AAAA",
         ] {
             assert!(!verifies("s3cret", verifier), "{verifier}");
         }

@@ -498,7 +498,10 @@ impl Supervisor {
         let mut config_seen = self.config_files();
         let mut credentials_seen = self.credentials();
         let mut assigned = started_as;
+        // Roles created (readiness needs them) and roles up to date with the
+        // Secret (a rotation pending does not take a primary out of service).
         let mut roles_ready = false;
+        let mut roles_current = false;
         let mut promoted = false;
         let mut last_streaming: Option<Instant> = None;
         let mut pending_logged: Vec<String> = Vec::new();
@@ -537,13 +540,14 @@ impl Supervisor {
                 // The Secret changed (a rotation): a primary sets the new
                 // passwords on its roles, a replica uses them from now on.
                 tracing::info!("credentials changed");
-                roles_ready = false;
-                if assigned == Role::Replica
-                    && let Err(message) = self.write_passwords()
-                {
-                    self.state.error(message);
+                roles_current = false;
+                match assigned {
+                    Role::Replica => match self.write_passwords() {
+                        Ok(()) => credentials_seen = credentials_now,
+                        Err(message) => self.state.error(message),
+                    },
+                    Role::Primary => credentials_seen = credentials_now,
                 }
-                credentials_seen = credentials_now;
             }
             if session.is_none() {
                 match self.connect().await {
@@ -582,8 +586,9 @@ impl Supervisor {
                 (Role::Primary, true) if !promoted => {
                     promoted = self.promote(&connection.client).await;
                 }
-                (Role::Primary, false) if !roles_ready => {
-                    roles_ready = self.ensure_roles(&connection.client).await;
+                (Role::Primary, false) if !roles_current => {
+                    roles_current = self.ensure_roles(&connection.client).await;
+                    roles_ready |= roles_current;
                 }
                 _ => {}
             }
@@ -679,7 +684,21 @@ impl Supervisor {
                 true => format!("CREATE ROLE {name} {attributes} PASSWORD {verifier}"),
                 false => format!("ALTER ROLE {name} PASSWORD {verifier}"),
             };
-            client.batch_execute(&statement).await.map_err(sql)?;
+            // The verifier is no secret, but it is what a brute force needs:
+            // keep the statement out of the server's log, even if it fails.
+            // (A query string is logged whole before it runs: the settings
+            // go first, in a query of their own.)
+            client
+                .batch_execute(
+                    "BEGIN; SET LOCAL log_statement = 'none'; \
+                     SET LOCAL log_min_error_statement = 'panic'",
+                )
+                .await
+                .map_err(sql)?;
+            let done = client.batch_execute(&statement).await;
+            let end = if done.is_ok() { "COMMIT" } else { "ROLLBACK" };
+            let ended = client.batch_execute(end).await;
+            done.and(ended).map_err(sql)?;
             match create {
                 true => tracing::info!(role = %user, "created role"),
                 false => tracing::info!(role = %user, "set the role's password from the Secret"),
@@ -774,14 +793,13 @@ impl Supervisor {
         })
     }
 
-    /// The Secret's values as mounted now; compared, never logged.
+    /// The rotatable passwords as mounted now; compared, never logged. (User
+    /// names are fixed once their roles exist; the superuser's password is
+    /// what this process logs in with, so it is not rotated.)
     fn credentials(&self) -> Vec<Option<String>> {
         [
-            contract::OWNER_KEY,
             contract::OWNER_PASSWORD_KEY,
-            contract::REPLICATION_USER_KEY,
             contract::REPLICATION_PASSWORD_KEY,
-            contract::SUPERUSER_PASSWORD_KEY,
         ]
         .into_iter()
         .map(|key| self.config.credential(key).ok())

@@ -371,7 +371,8 @@ async fn a_replica_promoted_beside_another_refuses_to_follow_it() -> Result {
 /// connection drops, streams again with the new replication password.
 #[tokio::test]
 async fn rotated_passwords_take_effect_without_a_restart() -> Result {
-    let mut fixture = Fixture::new("rotation", &[])?;
+    // Every DDL statement logged, but for the ones that carry a verifier.
+    let mut fixture = Fixture::new("rotation", &[("log_statement", "ddl")])?;
     let primary = fixture.start(&fixture.instance("orders-0", "primary")?)?;
     primary.wait_ready(Duration::from_secs(60)).await?;
     let replica_spec = fixture.instance("orders-1", "replica")?.following(&primary);
@@ -430,5 +431,12 @@ async fn rotated_passwords_take_effect_without_a_restart() -> Result {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     replica.wait_ready(Duration::from_secs(30)).await?;
+    superuser
+        .batch_execute("CREATE TABLE logged (x int)")
+        .await?;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let log = primary.log_text();
+    assert!(log.contains("CREATE TABLE logged"), "DDL is not logged");
+    assert!(!log.contains("SCRAM-SHA-256$"), "a verifier in the log");
     fixture.passed()
 }
