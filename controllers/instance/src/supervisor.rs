@@ -231,33 +231,25 @@ impl Supervisor {
             .arg("--target-pgdata")
             .arg(&self.config.data_dir)
             .arg(format!("--source-server={source}"));
-        let output = self
-            .children
-            .run(&mut rewind)
-            .await
-            .map_err(|e| format!("cannot run pg_rewind: {e}"));
-        let output = match output {
-            Ok(output) if output.exit.success() => output,
-            Ok(output) if rewind_started(&output.output) => {
-                return Err(format!(
-                    "pg_rewind failed while rewriting the folder ({}): {}",
-                    output.exit,
-                    last_lines(&output.output, 3)
-                ));
-            }
-            failed => {
-                // It changed nothing: the next attempt may rewind again.
-                let _ = std::fs::remove_file(&marker);
-                return Err(match failed {
-                    Ok(output) => format!(
-                        "pg_rewind failed ({}): {}",
-                        output.exit,
-                        last_lines(&output.output, 3)
-                    ),
-                    Err(message) => message,
-                });
+        let output = match self.children.run(&mut rewind).await {
+            Ok(output) => output,
+            Err(e) => {
+                remove_if_present(&marker)?;
+                return Err(format!("cannot run pg_rewind: {e}"));
             }
         };
+        if !output.exit.success() {
+            let failed = format!(
+                "pg_rewind failed ({}): {}",
+                output.exit,
+                last_lines(&output.output, 3)
+            );
+            // Only a failure before it changed anything may be retried.
+            if !rewind_started(&output.output) {
+                remove_if_present(&marker)?;
+            }
+            return Err(failed);
+        }
         std::fs::remove_file(&marker).map_err(|e| format!("{}: {e}", marker.display()))?;
         tracing::info!(output = %last_lines(&output.output, 1), "pg_rewind done");
         Ok(())
@@ -277,14 +269,8 @@ impl Supervisor {
     }
 
     async fn try_check_rewind_source(&self, host: &str, timeline: u32) -> Result<(), String> {
-        let password = self.credential(contract::SUPERUSER_PASSWORD_KEY)?;
-        let (client, connection) = tokio_postgres::Config::new()
-            .host(host)
-            .port(self.config.primary_port)
-            .user("postgres")
-            .password(password)
-            .dbname("postgres")
-            .application_name("cairn-instance")
+        let (client, connection) = self
+            .superuser(host, self.config.primary_port)?
             .connect_timeout(Duration::from_secs(10))
             .connect(tokio_postgres::NoTls)
             .await
@@ -312,7 +298,7 @@ impl Supervisor {
         // On the same timeline, two histories cannot be told apart: pg_rewind
         // would say "no rewind required" over a fork. (A source on an earlier
         // timeline is fine: pg_rewind compares both histories.)
-        if i64::from(source) == i64::from(timeline) {
+        if u32::try_from(source) == Ok(timeline) {
             return Err(format!(
                 "the primary {host} is on this folder's timeline {source}: refusing to follow it"
             ));
@@ -722,18 +708,24 @@ impl Supervisor {
         Ok(())
     }
 
+    /// The superuser's connection settings for a server.
+    fn superuser(&self, host: &str, port: u16) -> Result<tokio_postgres::Config, String> {
+        let mut config = tokio_postgres::Config::new();
+        config
+            .host(host)
+            .port(port)
+            .user("postgres")
+            .password(self.credential(contract::SUPERUSER_PASSWORD_KEY)?)
+            .dbname("postgres")
+            .application_name("cairn-instance");
+        Ok(config)
+    }
+
     /// A session as the superuser over loopback (pg_hba's `local` line is
     /// peer authentication, which needs the OS user to be `postgres`).
     async fn connect(&self) -> Result<observe::Session, String> {
-        let password = self.credential(contract::SUPERUSER_PASSWORD_KEY)?;
-        let mut config = tokio_postgres::Config::new();
+        let mut config = self.superuser("127.0.0.1", self.config.port)?;
         config
-            .host("127.0.0.1")
-            .port(self.config.port)
-            .user("postgres")
-            .password(password)
-            .dbname("postgres")
-            .application_name("cairn-instance")
             .options(format!(
                 "-c statement_timeout={}",
                 QUERY_TIMEOUT.as_millis()

@@ -4,11 +4,7 @@ mod support;
 
 use std::time::Duration;
 
-use support::{Fixture, Result};
-
-fn error_of(status: &serde_json::Value) -> String {
-    status["lastError"].as_str().unwrap_or_default().to_owned()
-}
+use support::{Fixture, Result, last_error};
 
 #[tokio::test]
 async fn a_replica_with_a_wrong_password_reports_it_and_recovers_when_fixed() -> Result {
@@ -24,7 +20,7 @@ async fn a_replica_with_a_wrong_password_reports_it_and_recovers_when_fixed() ->
     let replica = fixture.start(&spec)?;
     replica
         .wait_status("a password error", Duration::from_secs(30), |s| {
-            error_of(s).contains("password authentication failed")
+            last_error(s).contains("password authentication failed")
         })
         .await?;
     let status = replica.status().await?;
@@ -64,7 +60,7 @@ async fn an_unreachable_primary_is_reported_and_retried() -> Result {
     let replica = fixture.start(&spec)?;
     replica
         .wait_status("a connection error", Duration::from_secs(30), |s| {
-            let error = error_of(s);
+            let error = last_error(s);
             error.contains("pg_basebackup failed") && error.contains("Connection refused")
         })
         .await?;
@@ -93,7 +89,7 @@ async fn missing_credentials_foreign_data_and_a_cut_off_rewind_are_refused_witho
     let primary = fixture.start(&spec)?;
     primary
         .wait_status("no superuser password", Duration::from_secs(20), |s| {
-            error_of(s).contains("no superuser password")
+            last_error(s).contains("no superuser password")
         })
         .await?;
     assert!(!spec.data_dir().exists());
@@ -105,7 +101,7 @@ async fn missing_credentials_foreign_data_and_a_cut_off_rewind_are_refused_witho
     let instance = fixture.start(&spec)?;
     instance
         .wait_status("a refusal", Duration::from_secs(20), |s| {
-            error_of(s).contains("refusing")
+            last_error(s).contains("refusing")
         })
         .await?;
     let entries: Vec<_> = std::fs::read_dir(spec.data_dir())?
@@ -128,7 +124,7 @@ async fn missing_credentials_foreign_data_and_a_cut_off_rewind_are_refused_witho
     let instance = fixture.start(&spec)?;
     instance
         .wait_status("a refusal", Duration::from_secs(20), |s| {
-            error_of(s).contains("pg_rewind") && error_of(s).contains("did not finish")
+            last_error(s).contains("pg_rewind") && last_error(s).contains("did not finish")
         })
         .await?;
     assert!(!instance.ready().await);
@@ -170,7 +166,7 @@ async fn a_full_disk_is_reported_and_the_data_survives() -> Result {
     );
     primary
         .wait_status("a full-volume error", Duration::from_secs(30), |s| {
-            error_of(s).contains("the data volume is nearly full")
+            last_error(s).contains("the data volume is nearly full")
         })
         .await?;
     println!("status when full: {}", primary.status().await?);

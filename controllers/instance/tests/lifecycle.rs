@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use support::{Fixture, Result};
+use support::{Fixture, Result, last_error};
 
 #[tokio::test]
 async fn readiness_follows_the_server_accepting_connections() -> Result {
@@ -139,10 +139,7 @@ async fn sigterm_stops_cleanly_and_a_killed_postgres_is_started_again() -> Resul
         .await?;
     let status = primary.status().await?;
     assert!(
-        status["lastError"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("postgres exited unexpectedly"),
+        last_error(&status).contains("postgres exited unexpectedly"),
         "{status}"
     );
     primary.wait_ready(Duration::from_secs(60)).await?;

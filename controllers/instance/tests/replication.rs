@@ -5,7 +5,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use support::{Fixture, Result};
+use support::{Fixture, Result, last_error};
 
 #[tokio::test]
 async fn a_primary_and_two_replicas_stream_and_resume() -> Result {
@@ -188,9 +188,7 @@ async fn a_replica_assigned_primary_is_promoted_and_the_old_primary_follows_it()
     let old_spec = old_spec.following(&new);
     let old = fixture.start(&old_spec)?;
     old.wait_status("waiting for the promotion", Duration::from_secs(30), |s| {
-        s["lastError"]
-            .as_str()
-            .is_some_and(|e| e.contains("still in recovery"))
+        last_error(s).contains("still in recovery")
     })
     .await?;
     assert!(!old.ready().await);
@@ -356,9 +354,7 @@ async fn a_replica_promoted_beside_another_refuses_to_follow_it() -> Result {
     let right = fixture.start(&right_spec.following(&left))?;
     right
         .wait_status("a refusal", Duration::from_secs(30), |s| {
-            s["lastError"]
-                .as_str()
-                .is_some_and(|e| e.contains("refusing to follow it"))
+            last_error(s).contains("refusing to follow it")
         })
         .await?;
     assert!(!right.ready().await);

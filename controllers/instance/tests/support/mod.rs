@@ -298,6 +298,11 @@ impl InstanceSpec {
     }
 }
 
+/// `/status.lastError`, or "" when there is none.
+pub fn last_error(status: &Value) -> &str {
+    status["lastError"].as_str().unwrap_or_default()
+}
+
 pub struct Instance {
     pub spec: InstanceSpec,
     pub log: PathBuf,
