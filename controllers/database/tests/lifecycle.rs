@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use cairn_api::database::v1::DatabaseCluster;
 use cairn_database_controller::build::{RESTART_DIGEST_ANNOTATION, ROLE_LABEL};
 use cairn_testing::{Error, TestNamespace, cluster, wait};
+use futures::TryStreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{
     ConfigMap, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
@@ -18,6 +19,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
@@ -260,6 +262,10 @@ async fn a_cluster_is_created_scaled_grown_reconfigured_repaired_and_deleted() -
         .collect();
     assert_eq!(before, after, "a reloadable change restarts no pod");
 
+    // The order comes from a watch: with instant pods, both can be replaced
+    // between two polls of a list, which would lose it.
+    let selector = watcher::Config::default().labels("app.kubernetes.io/instance=orders");
+    let mut replaced = std::pin::pin!(watcher(namespace.api::<Pod>(), selector).applied_objects());
     patch_spec(
         &clusters,
         "orders",
@@ -267,14 +273,24 @@ async fn a_cluster_is_created_scaled_grown_reconfigured_repaired_and_deleted() -
     )
     .await?;
     let mut order = Vec::new();
-    let started = Instant::now();
-    while order.len() < 2 && started.elapsed() < LONG {
-        for (name, pod) in pods(&namespace, "orders").await? {
+    let roll = async {
+        while order.len() < 2 {
+            let Some(pod) = replaced
+                .try_next()
+                .await
+                .map_err(|e| Error::Setup(e.to_string()))?
+            else {
+                break;
+            };
+            let name = pod.name_any();
             if before.get(&name) != pod.uid().as_ref() && !order.contains(&name) {
                 order.push(name);
             }
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        Ok::<_, Error>(())
+    };
+    if let Ok(watched) = tokio::time::timeout(LONG, roll).await {
+        watched?;
     }
     println!("restart order: {order:?}");
     assert_eq!(
