@@ -84,7 +84,26 @@ build kubernetes k8s.io/kubernetes "$(k8s_version_ldflags)" \
   kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver \
   kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager \
   kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler \
-  kubectl=k8s.io/kubernetes/cmd/kubectl
+  kubectl=k8s.io/kubernetes/cmd/kubectl \
+  kubelet=k8s.io/kubernetes/cmd/kubelet \
+  kube-proxy=k8s.io/kubernetes/cmd/kube-proxy
+build coredns github.com/coredns/coredns "-X github.com/coredns/coredns/coremain.GitCommit=$(pinned_version coredns github.com/coredns/coredns)" coredns=github.com/coredns/coredns
+build local-path-provisioner github.com/rancher/local-path-provisioner "" local-path-provisioner=github.com/rancher/local-path-provisioner
+
+# The pause binary of every pod sandbox, from Kubernetes' own source (a static C
+# program, so the image holds nothing else).
+pause_binary() {
+  local out src
+  out=$(tool_dir kubernetes k8s.io/kubernetes)/pause
+  if [[ ! -x "$out" ]]; then
+    src=$(cd "$CAIRN_ROOT/hack/tools/kubernetes" && go mod download -json k8s.io/kubernetes | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+    gcc -Os -static -Wall -Werror -DVERSION="$KUBERNETES_VERSION" -o "$out.partial" "$src/build/pause/linux/pause.c"
+    strip "$out.partial"
+    mv "$out.partial" "$out"
+  fi
+  ln -sf "$out" "$BIN/pause"
+}
+pause_binary
 
 # kwok's behaviour comes from Stage objects, which its module ships as YAML
 # (kustomize/stage): the "fast" set, as kwokctl uses it. Taken from the pinned

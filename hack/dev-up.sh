@@ -1,76 +1,71 @@
 #!/usr/bin/env bash
-# Brings up the local development environment: the Kubernetes control plane
-# with three kwok nodes and the moto fake AWS (hack/local-cluster.sh), reusing
-# it if it already runs; installs Cairn's CRDs and a sample of every kind in
-# namespace cairn-samples; builds and (re)starts the controllers as local
-# processes that authenticate as their charts' ServiceAccounts, with the
-# charts' RBAC. Prints how to use it.
+# Brings up the local development environment: the Kubernetes cluster with
+# real nodes, three kwok nodes and the moto fake AWS (hack/local-cluster.sh),
+# reusing it if it already runs; builds the images (hack/images.sh) and gives
+# them to the nodes; installs every chart with Helm (the database controller
+# runs in pods in namespace cairn-system, watching cairn-samples; the backup
+# and cloud charts ship their CRDs); creates a sample of every kind in
+# cairn-samples, the DatabaseCluster's PostgreSQL running on the real nodes.
+# Prints how to use it.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
 STATE=$CAIRN_CACHE/clusters/dev
+CONTROLLER_NAMESPACE=cairn-system
+SAMPLES=cairn-samples
 "$CAIRN_ROOT/hack/local-cluster.sh" up "$STATE"
 # shellcheck disable=SC1091
 source "$STATE/env"
+images=$("$CAIRN_ROOT/hack/images.sh" workspace)
+"$CAIRN_ROOT/hack/local-cluster.sh" import-images "$STATE" "$images"/*.tar
 
-# The CRDs as the charts ship them (rendered by Helm), and one sample of every
-# kind. The database controller runs on this machine, not behind its
-# Service: the API server reaches its conversion webhook on loopback.
-CONTROLLER_NAMESPACE=cairn-system
-for chart in cairn-database-controller cairn-backup-controller cairn-cloud-controller; do
-  for crd in "$CAIRN_ROOT/charts/$chart/templates/crds/"*.yaml; do
-    "$CAIRN_BIN/helm" template "$chart" "$CAIRN_ROOT/charts/$chart" --namespace "$CONTROLLER_NAMESPACE" \
-      --show-only "templates/crds/$(basename "$crd")"
-  done
-done | sed '/^        service:$/,/^          port: 443$/c\        url: https://127.0.0.1:18443/convert' |
-  "$CAIRN_BIN/kubectl" apply --server-side --force-conflicts -f - >/dev/null
-"$CAIRN_BIN/kubectl" wait --for=condition=Established --timeout=60s crd --all >/dev/null
-for namespace in cairn-samples "$CONTROLLER_NAMESPACE"; do
-  "$CAIRN_BIN/kubectl" create namespace "$namespace" --dry-run=client -o yaml | "$CAIRN_BIN/kubectl" apply -f - >/dev/null
+kubectl() { "$CAIRN_BIN/kubectl" "$@"; }
+helm() { "$CAIRN_BIN/helm" "$@"; }
+for namespace in "$SAMPLES" "$CONTROLLER_NAMESPACE"; do
+  kubectl create namespace "$namespace" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
 done
-"$CAIRN_BIN/kubectl" -n cairn-samples apply -f "$CAIRN_ROOT/config/samples/" >/dev/null
+kubectl label --overwrite namespace "$CONTROLLER_NAMESPACE" \
+  pod-security.kubernetes.io/enforce=restricted pod-security.kubernetes.io/enforce-version=latest >/dev/null
 
-# The controllers run as local processes (kwok nodes run no containers).
-# Each impersonates its chart's ServiceAccount, so what it may do here is
-# exactly what the chart's RBAC lets it do in a real cluster. They watch
-# cairn-samples only: tests run against this cluster in namespaces of their
-# own, with controllers of their own.
-cargo build --locked --quiet -p cairn-database-controller
+# A new image under the same tag must reach the running pods: the release
+# records the image's digest, so a rebuilt image rolls the Deployment.
+digest=$(sha256sum "$images/ghcr.io_cairn-dev_cairn-database-controller.tar" | cut -c1-12)
+log "installing the charts"
+helm upgrade --install cairn-database-controller "$CAIRN_ROOT/charts/cairn-database-controller" \
+  --namespace "$CONTROLLER_NAMESPACE" --set watchNamespace="$SAMPLES" --set image.pullPolicy=Never \
+  --set-string podAnnotations.cairn\\.dev/image-archive="$digest" --wait --timeout 3m >/dev/null
+for chart in cairn-backup-controller cairn-cloud-controller; do
+  helm upgrade --install "$chart" "$CAIRN_ROOT/charts/$chart" --namespace "$CONTROLLER_NAMESPACE" >/dev/null
+done
 
-start_controller() { # chart admin-port [VAR=value...]
-  local chart=$1 port=$2 account_kubeconfig=$STATE/$1.kubeconfig
-  shift 2
-  "$CAIRN_BIN/helm" template "$chart" "$CAIRN_ROOT/charts/$chart" --namespace "$CONTROLLER_NAMESPACE" \
-    --set watchNamespace=cairn-samples \
-    --show-only templates/serviceaccount.yaml --show-only templates/rbac.yaml |
-    "$CAIRN_BIN/kubectl" apply --server-side --force-conflicts -f - >/dev/null
-  sed "/^  user:\$/a\\    as: system:serviceaccount:$CONTROLLER_NAMESPACE:$chart\n    as-groups: [system:serviceaccounts, system:serviceaccounts:$CONTROLLER_NAMESPACE, system:authenticated]" \
-    "$STATE/kubeconfig" >"$account_kubeconfig"
-  chmod 600 "$account_kubeconfig"
-  "$CAIRN_ROOT/hack/local-cluster.sh" start-process "$STATE" "$chart" env \
-    KUBECONFIG="$account_kubeconfig" POD_NAME="$chart-local" CAIRN_LEASE_NAMESPACE="$CONTROLLER_NAMESPACE" \
-    CAIRN_NAMESPACES=cairn-samples CAIRN_ADMIN_ADDRESS="127.0.0.1:$port" CAIRN_LOG_FORMAT=text "$@" \
-    "$CARGO_TARGET_DIR/debug/$chart"
-}
-# Its conversion webhook on loopback, with a self-managed certificate for 127.0.0.1.
-start_controller cairn-database-controller 18080 CAIRN_WEBHOOK_ADDRESS=127.0.0.1:18443 CAIRN_WEBHOOK_SERVICE=127.0.0.1
+# The samples as they are, but for the DatabaseCluster's PostgreSQL version
+# and storage: here the one database image is Debian 12's PostgreSQL 15, and
+# local-path volumes are the ones a non-root pod can write.
+for sample in "$CAIRN_ROOT"/config/samples/*.yaml; do
+  echo "---"
+  case $sample in
+    *databasecluster*) sed -e 's/version: "17"/version: "15"/' -e 's/^  storage:$/  storage:\n    storageClassName: local-path/' -e 's/size: 10Gi/size: 1Gi/' "$sample" ;;
+    *) cat "$sample" ;;
+  esac
+done | kubectl -n "$SAMPLES" apply -f - >/dev/null
 
 cat <<USAGE
 
-Cairn local cluster is up (Kubernetes $KUBERNETES_VERSION, 3 kwok nodes, moto at $CAIRN_S3_ENDPOINT).
+Cairn local cluster is up: Kubernetes $KUBERNETES_VERSION, $CAIRN_REAL_NODES real nodes and 3 kwok nodes
+(tainted: only pods that tolerate kwok.x-k8s.io/node land there), moto at $CAIRN_S3_ENDPOINT.
 
   export KUBECONFIG=$KUBECONFIG
   export PATH=$CAIRN_BIN:\$PATH      # the pinned kubectl and helm
-  kubectl get nodes -L topology.kubernetes.io/zone
-  kubectl get cairn -n cairn-samples   # one sample of every Cairn kind
-  kubectl get dbc,statefulsets,services -n cairn-samples   # what cairn-database-controller made of the sample
-                                       # (the controllers watch namespace cairn-samples)
+  kubectl get nodes -L type,topology.kubernetes.io/zone
+  kubectl -n $CONTROLLER_NAMESPACE get pods        # cairn-database-controller, installed by its chart
+  kubectl -n $SAMPLES get cairn                    # one sample of every Cairn kind
+  kubectl -n $SAMPLES get dbc,pods,pvc,services    # the sample cluster's PostgreSQL (Ready in about a minute)
 
-  cairn-database-controller: curl -s localhost:18080/metrics | grep ^cairn_
-                             log: $STATE/logs/cairn-database-controller.log
+  psql on the sample cluster's primary, through its -rw Service:
+    kubectl -n $SAMPLES exec -it orders-0 -- sh -c 'psql "host=orders-rw user=\$(cat /etc/cairn/credentials/username) dbname=\$(cat /etc/cairn/credentials/database) password=\$(cat /etc/cairn/credentials/password)"'
+
   (the backup and cloud controllers are not built yet; their samples are not reconciled)
 
-  or load every variable:  source <(hack/local-cluster.sh env)
-  logs of each component:  $STATE/logs/
-  stop it:                 hack/local-cluster.sh down
+  rebuild and roll the controller after a change:  hack/dev-up.sh
+  logs of each component:  $STATE/logs/     stop it:  hack/local-cluster.sh down
 USAGE

@@ -39,3 +39,7 @@ bin_dir() {
 
 KUBERNETES_VERSION=$(pinned_version kubernetes k8s.io/kubernetes)
 export KUBERNETES_VERSION
+
+# Images of the real nodes themselves (hack/images.sh builds them; never pulled).
+PAUSE_IMAGE=cairn.local/pause:$KUBERNETES_VERSION
+HELPER_IMAGE=cairn.local/busybox:1

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# A real Kubernetes control plane on loopback, for development and tests:
+# A real Kubernetes cluster on this machine, for development and tests:
 # etcd, kube-apiserver (RBAC, client certificates, audit log),
 # kube-controller-manager (garbage collector, workload controllers, host-path
-# provisioner), kube-scheduler, kwok faking three nodes in three zones, and the
-# moto server as a fake AWS.
+# provisioner), kube-scheduler, real nodes (kubelet + containerd + runc + CNI
+# bridge each, one kube-proxy, CoreDNS, the local-path provisioner; see
+# hack/nodes.sh), kwok faking three tainted nodes in three zones for scale
+# tests, and the moto server as a fake AWS. Real nodes need root.
 #
 #   hack/local-cluster.sh up   [STATE_DIR]   start (or reuse the one running there)
 #   hack/local-cluster.sh down [STATE_DIR]   stop every process, remove STATE_DIR
@@ -15,6 +17,19 @@
 #                                            run a client of the cluster (a
 #                                            controller) with the components:
 #                                            logs/NAME.log, stopped by `down`
+#   hack/local-cluster.sh import-images STATE_DIR TAR...
+#                                            OCI archives (hack/images.sh) into
+#                                            every real node
+#   hack/local-cluster.sh stop-node|start-node STATE_DIR N
+#                                            freeze real node N (kubelet,
+#                                            containerd and its containers: a
+#                                            power loss or partition) and thaw it
+#   hack/local-cluster.sh kill-container STATE_DIR NAMESPACE POD [CONTAINER]
+#                                            SIGKILL one container's processes
+#
+# CAIRN_REAL_NODES: how many real nodes (default 2, at most 3; 0 for none).
+# One cluster with real nodes runs on a machine at a time (they share the
+# host's iptables and routes).
 #
 # STATE_DIR defaults to $CAIRN_CACHE/clusters/dev. It holds certificates, the
 # admin kubeconfig, the etcd data, logs and pid files; `env` lists what is where.
@@ -25,6 +40,11 @@ NODE_ZONES=(zone-a zone-b zone-c)
 SERVICE_CIDR=10.96.0.0/16
 SERVICE_API_IP=10.96.0.1
 START_TIMEOUT=${CAIRN_START_TIMEOUT:-90}
+REAL_NODES=${CAIRN_REAL_NODES:-2}
+[[ $REAL_NODES =~ ^[0-3]$ ]] || die "CAIRN_REAL_NODES=$REAL_NODES: 0 to 3"
+# Taint and annotation of the kwok nodes: only pods that tolerate it land there.
+KWOK_TAINT=kwok.x-k8s.io/node
+source "$(dirname "$0")/nodes.sh"
 
 usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 
@@ -114,7 +134,7 @@ make_pki() {
   mkdir -p "$pki"
   new_key "$pki/ca.key"
   openssl req -x509 -new -key "$pki/ca.key" -subj "/CN=cairn-local-ca" -days 3650 -out "$pki/ca.crt" 2>/dev/null
-  issue apiserver "/CN=kube-apiserver" "subjectAltName=IP:127.0.0.1,IP:$SERVICE_API_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\nextendedKeyUsage=serverAuth"
+  issue apiserver "/CN=kube-apiserver" "subjectAltName=IP:127.0.0.1,IP:$API_IP,IP:$SERVICE_API_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\nextendedKeyUsage=serverAuth"
   issue admin "/O=system:masters/CN=cairn-admin" "extendedKeyUsage=clientAuth"
   new_key "$pki/service-account.key"
   openssl pkey -in "$pki/service-account.key" -pubout -out "$pki/service-account.pub" 2>/dev/null
@@ -168,7 +188,7 @@ rules:
 - level: Metadata
 POLICY
   start kube-apiserver "$BIN/kube-apiserver" \
-    --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$port" \
+    --bind-address="$API_IP" --advertise-address="$API_IP" --secure-port="$port" \
     --etcd-servers="$ETCD_URL" \
     --tls-cert-file="$pki/apiserver.crt" --tls-private-key-file="$pki/apiserver.key" \
     --client-ca-file="$pki/ca.crt" \
@@ -178,7 +198,9 @@ POLICY
     --service-account-signing-key-file="$pki/service-account.key" \
     --service-cluster-ip-range="$SERVICE_CIDR" \
     --allow-privileged=true \
-    --endpoint-reconciler-type=none \
+    --kubelet-client-certificate="$pki/admin.crt" --kubelet-client-key="$pki/admin.key" \
+    --kubelet-certificate-authority="$pki/ca.crt" --kubelet-preferred-address-types=InternalIP \
+    --enable-admission-plugins=PodNodeSelector,PodTolerationRestriction \
     --audit-policy-file="$STATE/audit-policy.yaml" --audit-log-path="$STATE/logs/audit.log" \
     --audit-log-format=json --audit-log-mode=batch --audit-log-batch-max-wait=1s \
     --profiling=false
@@ -198,8 +220,12 @@ start_controllers() { # ports: controller-manager scheduler kwok
   start kube-scheduler "$BIN/kube-scheduler" \
     --kubeconfig="$kubeconfig" --authentication-kubeconfig="$kubeconfig" --authorization-kubeconfig="$kubeconfig" \
     --bind-address=127.0.0.1 --secure-port="$2" --leader-elect=false
-  start kwok "$BIN/kwok" --kubeconfig="$kubeconfig" --manage-all-nodes=true \
+  # kwok fakes its own nodes only (a real node's pods would otherwise be
+  # reported Running without a container), in an address range that is
+  # blackholed here.
+  start kwok "$BIN/kwok" --kubeconfig="$kubeconfig" --manage-nodes-with-annotation-selector="$KWOK_TAINT=fake" \
     --config="$BIN/kwok-stages.yaml" --node-lease-duration-seconds=40 \
+    --cidr="$KWOK_POD_CIDR" --node-ip="$KWOK_NODE_IP" \
     --server-address="127.0.0.1:$3"
 }
 
@@ -214,7 +240,7 @@ kind: Node
 metadata:
   name: kwok-node-$i
   annotations:
-    kwok.x-k8s.io/node: fake
+    $KWOK_TAINT: fake
   labels:
     kubernetes.io/hostname: kwok-node-$i
     kubernetes.io/os: linux
@@ -222,6 +248,8 @@ metadata:
     topology.kubernetes.io/zone: $zone
     topology.kubernetes.io/region: local
     type: kwok
+spec:
+  taints: [{key: $KWOK_TAINT, value: fake, effect: NoSchedule}]
 status:
   allocatable: {cpu: "32", memory: 128Gi, pods: "1000"}
   capacity: {cpu: "32", memory: 128Gi, pods: "1000"}
@@ -253,7 +281,7 @@ SC
 }
 
 nodes_ready() {
-  [[ $(kubectl_ get nodes -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' | grep -c True) -eq ${#NODE_ZONES[@]} ]]
+  [[ $(kubectl_ get nodes -l type=kwok -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' | grep -c True) -eq ${#NODE_ZONES[@]} ]]
 }
 
 default_service_account() { kubectl_ -n default get serviceaccount default; }
@@ -261,8 +289,8 @@ default_service_account() { kubectl_ -n default get serviceaccount default; }
 start_moto() { # port
   local venv
   venv=$("$CAIRN_ROOT/hack/moto-venv.sh")
-  start moto "$venv/bin/moto_server" -H 127.0.0.1 -p "$1"
-  MOTO_URL="http://127.0.0.1:$1"
+  start moto "$venv/bin/moto_server" -H "$API_IP" -p "$1"
+  MOTO_URL="http://$API_IP:$1"
 }
 
 write_env() {
@@ -274,6 +302,7 @@ export CAIRN_S3_ENDPOINT=$MOTO_URL
 export CAIRN_AUDIT_LOG=$STATE/logs/audit.log
 export CAIRN_BIN=$BIN
 export CAIRN_ETCD=$ETCD_URL
+export CAIRN_REAL_NODES=$REAL_NODES
 ENV
 }
 
@@ -283,23 +312,34 @@ up() {
     return 0
   fi
   [[ -d "$STATE" ]] && down_quietly
-  local start_time=$SECONDS ports
+  local start_time=$SECONDS ports i
+  ((EUID == 0)) || die "the local cluster needs root: it makes network interfaces, routes and iptables rules, and its real nodes run containers"
   BIN=$("$CAIRN_ROOT/hack/build-tools.sh")
+  "$CAIRN_ROOT/hack/node-packages.sh"
+  local node_images
+  node_images=$("$CAIRN_ROOT/hack/images.sh" node)
   mkdir -p "$STATE/logs" "$STATE/pids"
   # A failed start leaves nothing running, and its logs where they can be read.
   trap 'start_failed' EXIT
   log "starting local cluster in $STATE"
   make_pki
-  # etcd client, etcd peer, apiserver, moto, controller-manager, scheduler, kwok
-  read -r -a ports <<<"$(free_ports 7)"
-  APISERVER_URL="https://127.0.0.1:${ports[2]}"
+  network_up
+  # etcd client, etcd peer, apiserver, moto, controller-manager, scheduler, kwok,
+  # kube-proxy healthz and metrics
+  read -r -a ports <<<"$(free_ports 9)"
+  APISERVER_URL="https://$API_IP:${ports[2]}"
   write_kubeconfig "$APISERVER_URL"
   start_moto "${ports[3]}" # starts in parallel; waited for at the end
   start_etcd "${ports[0]}" "${ports[1]}"
   start_apiserver "${ports[2]}"
   create_nodes_and_storage
   start_controllers "${ports[4]}" "${ports[5]}" "${ports[6]}"
-  wait_for kwok "three Ready nodes" nodes_ready
+  start_coredns
+  start_kube_proxy "${ports[7]}" "${ports[8]}"
+  for ((i = 1; i <= REAL_NODES; i++)); do start_node "$i" "${NODE_ZONES[$((i - 1))]}" "$node_images"/*.tar; done
+  start_local_path_provisioner
+  wait_for kwok "three Ready kwok nodes" nodes_ready
+  ((REAL_NODES == 0)) || wait_for kubelet-1 "$REAL_NODES Ready real nodes" real_nodes_ready
   wait_for kube-controller-manager "the default ServiceAccount" default_service_account
   wait_for moto "moto to serve" curl -sf --max-time 5 "$MOTO_URL/moto-api/"
   write_env "$APISERVER_URL"
@@ -312,6 +352,7 @@ start_failed() {
   rm -rf "$kept"
   cp -r "$STATE/logs" "$kept" 2>/dev/null || true
   log "start failed; stopping what was started (component logs kept in $kept)"
+  BIN=$(bin_dir)
   down_quietly
 }
 
@@ -327,16 +368,18 @@ down_quietly() {
       -o jsonpath='{range .items[*]}{.spec.hostPath.path}{"\n"}{end}' 2>/dev/null || true)
     rmdir --ignore-fail-on-non-empty /tmp/hostpath_pv 2>/dev/null || true
   fi
-  # Clients before servers: processes started with start-process first, etcd
-  # last, so the API server can shut down cleanly.
+  # Clients before servers: processes started with start-process first, then
+  # the nodes, etcd last, so the API server can shut down cleanly.
   local name file
   for file in "$STATE"/pids/*.pid; do
     [[ -e "$file" ]] || continue
     name=$(basename "$file" .pid)
-    case $name in kwok | kube-scheduler | kube-controller-manager | moto | kube-apiserver | etcd) ;;
+    case $name in kwok | kube-scheduler | kube-controller-manager | moto | kube-apiserver | etcd | \
+      kubelet-* | containerd-* | coredns | kube-proxy | local-path-provisioner) ;;
       *) stop_component "$name" ;;
     esac
   done
+  nodes_down
   for name in kwok kube-scheduler kube-controller-manager moto kube-apiserver etcd; do
     stop_component "$name"
   done
@@ -411,6 +454,13 @@ case "$cmd" in
   stop-apiserver) restart_apiserver stop ;;
   start-apiserver) restart_apiserver start ;;
   start-process) shift 2; start_process "$@" ;;
+  import-images)
+    shift 2
+    running || die "no running local cluster in $STATE"
+    for ((node = 1; node <= $(state_value CAIRN_REAL_NODES); node++)); do import_images "$node" "$@"; done ;;
+  stop-node) freeze_node "${3:?node number}" ;;
+  start-node) thaw_node "${3:?node number}" ;;
+  kill-container) shift 2; BIN=$(state_value CAIRN_BIN); kill_container "$@" ;;
   env) running || die "no running local cluster in $STATE (start it: hack/local-cluster.sh up)"; cat "$STATE/env" ;;
   *) usage ;;
 esac

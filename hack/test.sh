@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine or a warm one:
 #   1. builds (or reuses) the pinned control plane and tools, and moto's virtualenv;
-#      installs Debian's PostgreSQL server when missing (cairn-instance's tests);
+#      installs Debian's PostgreSQL server when missing (cairn-instance's tests)
+#      and the real nodes' packages (containerd, runc, CNI plugins, mmdebstrap, umoci);
 #   2. lints: cargo fmt, cargo clippy -D warnings, actionlint, helm lint, bash -n;
-#   3. starts a fresh local cluster in a temporary folder (stopped on exit);
-#   4. runs every Rust test of the workspace against it (cargo test).
+#   3. builds the images of the database pods and the controller (hack/images.sh);
+#   4. starts a fresh local cluster in a temporary folder, with real nodes that
+#      get those images (stopped on exit, then checked for leftovers);
+#   5. runs every Rust test of the workspace against it (cargo test).
 # Arguments, if any, replace `--workspace` in the cargo test call:
 #   hack/test.sh -p cairn-e2e --test smoke
 set -euo pipefail
@@ -44,6 +47,7 @@ stop_cluster() {
   local pids
   pids=$(cut -d' ' -f1 "$STATE"/pids/*.pid 2>/dev/null || true)
   "$CAIRN_ROOT/hack/local-cluster.sh" down "$STATE"
+  "$CAIRN_ROOT/hack/leftovers.sh" "$STATE"
   # Nothing of the cluster may outlive it: no process of a component's process
   # group, no process naming the state folder (zombies waiting for init to
   # reap them have exited and do not count).
@@ -64,6 +68,7 @@ start_cluster() {
   STATE=$(mktemp -d -t cairn-test.XXXXXX)/cluster
   trap stop_cluster EXIT
   "$CAIRN_ROOT/hack/local-cluster.sh" up "$STATE"
+  "$CAIRN_ROOT/hack/local-cluster.sh" import-images "$STATE" "$IMAGES"/*.tar
   # KUBECONFIG and the rest point at the test cluster, for cargo test and any
   # kubectl or helm the tests run.
   # shellcheck disable=SC1091
@@ -76,10 +81,13 @@ step "tools" build_tools
 step "moto virtualenv" "$CAIRN_ROOT/hack/moto-venv.sh" >/dev/null
 postgres_server() { CAIRN_POSTGRES_BINDIR=$("$CAIRN_ROOT/hack/postgres.sh"); export CAIRN_POSTGRES_BINDIR; }
 step "postgresql server" postgres_server
+step "node packages" "$CAIRN_ROOT/hack/node-packages.sh"
 step "lint" lint
 test_args=("$@")
 ((${#test_args[@]})) || test_args=(--workspace)
 step "build tests" cargo test --locked --no-run "${test_args[@]}"
+build_images() { IMAGES=$("$CAIRN_ROOT/hack/images.sh" workspace); }
+step "images" build_images
 step "local cluster up" start_cluster
 step "cargo test" cargo test --locked "${test_args[@]}"
 step "local cluster down" stop_cluster

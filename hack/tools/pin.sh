@@ -13,6 +13,8 @@ ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
 KWOK_VERSION=${KWOK_VERSION:-v0.8.0}
 HELM_VERSION=${HELM_VERSION:-v3.22.0}
 ACTIONLINT_VERSION=${ACTIONLINT_VERSION:-v1.7.12}
+COREDNS_VERSION=${COREDNS_VERSION:-v1.15.0}
+LOCAL_PATH_PROVISIONER_VERSION=${LOCAL_PATH_PROVISIONER_VERSION:-v0.0.30}
 GO_DIRECTIVE=${GO_DIRECTIVE:-1.26.0}
 
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod
@@ -40,7 +42,7 @@ gomod=$(go mod download -json "k8s.io/kubernetes@${KUBERNETES_VERSION}" | python
   echo ")"
   echo
   echo "tool ("
-  for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+  for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy; do
     echo "	k8s.io/kubernetes/cmd/$cmd"
   done
   echo ")"
@@ -73,3 +75,12 @@ tidy helm
 new_module actionlint cairn.dev/hack/tools/actionlint
 (cd actionlint && go get -tool "github.com/rhysd/actionlint/cmd/actionlint@${ACTIONLINT_VERSION}")
 tidy actionlint
+
+# Real nodes: the cluster DNS, and the volume provisioner kind uses.
+new_module coredns cairn.dev/hack/tools/coredns
+(cd coredns && go get -tool "github.com/coredns/coredns@${COREDNS_VERSION}")
+tidy coredns
+
+new_module local-path-provisioner cairn.dev/hack/tools/local-path-provisioner
+(cd local-path-provisioner && go get -tool "github.com/rancher/local-path-provisioner@${LOCAL_PATH_PROVISIONER_VERSION}")
+tidy local-path-provisioner

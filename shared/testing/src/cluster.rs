@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 
-use crate::{Error, TestNamespace};
+use crate::{Error, Nodes, TestNamespace};
 
 /// A running local cluster, as described by the `env` file that
 /// `hack/local-cluster.sh up` writes into its state folder.
@@ -112,10 +112,20 @@ impl LocalCluster {
         Ok(Client::try_from(config)?)
     }
 
-    /// A fresh namespace named `<prefix>-<random>`, deleted when the returned
-    /// value is dropped (see [`TestNamespace`] for when it is kept).
+    /// A fresh namespace named `<prefix>-<random>` whose pods run on kwok's
+    /// nodes, deleted when the returned value is dropped (see
+    /// [`TestNamespace`] for when it is kept).
     pub async fn namespace(&'static self, prefix: &str) -> Result<TestNamespace, Error> {
-        TestNamespace::create(self, prefix).await
+        TestNamespace::create(self, prefix, Nodes::Kwok).await
+    }
+
+    /// Like [`namespace`](Self::namespace), with its pods on the real nodes:
+    /// for what happens inside a pod (processes, volumes, networking).
+    pub async fn namespace_on_real_nodes(
+        &'static self,
+        prefix: &str,
+    ) -> Result<TestNamespace, Error> {
+        TestNamespace::create(self, prefix, Nodes::Real).await
     }
 
     /// The moto server's URL: an S3 (and other AWS services) endpoint.

@@ -81,6 +81,71 @@ impl LocalCluster {
         })
     }
 
+    /// `helm install RELEASE charts/CHART --namespace NAMESPACE --wait ARGS…`
+    /// with the pinned helm, as a user installs a controller. The chart's CRDs
+    /// may exist already (the tests install them): they are handed to the
+    /// release first, as Helm requires to adopt an object.
+    pub async fn helm_install(
+        &self,
+        chart: &str,
+        release: &str,
+        namespace: &str,
+        args: &[&str],
+    ) -> Result<(), Error> {
+        let crds = chart_dir(chart).join("templates/crds");
+        let entries = std::fs::read_dir(&crds)
+            .map_err(|e| Error::Setup(format!("{}: {e}", crds.display())))?;
+        for entry in entries {
+            let path = entry.map_err(|e| Error::Setup(e.to_string()))?.path();
+            let Some(name) = path.file_stem().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            let crd = format!("crd/{name}");
+            if self
+                .kubectl(&["get", &crd, "--ignore-not-found", "-o", "name"])
+                .await?
+                .stdout
+                .trim()
+                .is_empty()
+            {
+                continue;
+            }
+            let release_name = format!("meta.helm.sh/release-name={release}");
+            let release_namespace = format!("meta.helm.sh/release-namespace={namespace}");
+            self.kubectl(&[
+                "annotate",
+                "--overwrite",
+                &crd,
+                &release_name,
+                &release_namespace,
+            ])
+            .await?;
+            self.kubectl(&[
+                "label",
+                "--overwrite",
+                &crd,
+                "app.kubernetes.io/managed-by=Helm",
+            ])
+            .await?;
+        }
+        let output = tokio::process::Command::new(self.bin_dir().join("helm"))
+            .env("KUBECONFIG", self.state_dir().join("kubeconfig"))
+            .args(["install", release])
+            .arg(chart_dir(chart))
+            .args(["--namespace", namespace, "--wait", "--timeout", "3m"])
+            .args(args)
+            .output()
+            .await
+            .map_err(|e| Error::Setup(format!("helm: {e}")))?;
+        if !output.status.success() {
+            return Err(Error::Setup(format!(
+                "helm install {chart} failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            )));
+        }
+        Ok(())
+    }
+
     /// Server-side applies the objects in `file` (as the admin).
     pub async fn apply_file(&self, file: &Path) -> Result<(), Error> {
         self.kubectl(&[

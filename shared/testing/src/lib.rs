@@ -28,7 +28,7 @@ pub mod wait;
 
 pub use cluster::{KubectlOutput, LocalCluster, cluster};
 pub use error::Error;
-pub use namespace::TestNamespace;
+pub use namespace::{Nodes, TestNamespace};
 
 /// Kubernetes objects of the current API version, re-exported so tests name
 /// one version consistently with the harness.

@@ -15,6 +15,30 @@ use crate::{Error, LocalCluster};
 /// `kubectl get ns -l cairn.dev/test`.
 pub const TEST_LABEL: &str = "cairn.dev/test";
 
+/// Which nodes a namespace's pods run on. The API server's PodNodeSelector and
+/// PodTolerationRestriction admission plugins apply it to every pod created
+/// there, whatever made the pod (a StatefulSet, a Deployment, a test).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Nodes {
+    /// kwok's nodes: pods are Running and Ready at once and run nothing.
+    Kwok,
+    /// The real nodes: kubelet, containerd and runc run the containers.
+    Real,
+}
+
+impl Nodes {
+    fn annotations(self) -> serde_json::Value {
+        match self {
+            Nodes::Kwok => json!({
+                "scheduler.alpha.kubernetes.io/node-selector": "type=kwok",
+                "scheduler.alpha.kubernetes.io/defaultTolerations":
+                    r#"[{"key":"kwok.x-k8s.io/node","operator":"Exists","effect":"NoSchedule"}]"#,
+            }),
+            Nodes::Real => json!({ "scheduler.alpha.kubernetes.io/node-selector": "type=real" }),
+        }
+    }
+}
+
 /// A namespace created for one test, with an admin client.
 ///
 /// Dropping it deletes the namespace (without waiting), unless the thread is
@@ -32,11 +56,16 @@ impl TestNamespace {
     pub(crate) async fn create(
         cluster: &'static LocalCluster,
         prefix: &str,
+        nodes: Nodes,
     ) -> Result<Self, Error> {
         let client = cluster.admin_client().await?;
         let name = format!("{prefix}-{}", unique_suffix());
         let namespace: Namespace = serde_json::from_value(json!({
-            "metadata": { "name": name, "labels": { TEST_LABEL: "true" } }
+            "metadata": {
+                "name": name,
+                "labels": { TEST_LABEL: "true" },
+                "annotations": nodes.annotations(),
+            }
         }))
         .map_err(|e| Error::Setup(e.to_string()))?;
         Api::<Namespace>::all(client.clone())

@@ -1,0 +1,410 @@
+//! The real nodes: cairn-database-controller installed by `helm install` runs
+//! in pods (probes, the mounted token, the chart's RBAC, the conversion webhook
+//! behind its Service, restricted Pod Security), and a DatabaseCluster's
+//! PostgreSQL runs in its pods (kubelet, containerd, runc, the CNI bridge,
+//! kube-proxy, CoreDNS, local-path volumes). A client pod reaches it through
+//! `<name>-rw` and `<name>-ro`. Nothing here is faked by kwok.
+//!
+//! The images come from `hack/images.sh workspace`, imported into every node
+//! by the test entry point.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use cairn_api::database::v1::{DatabaseCluster, DatabaseClusterSpec, PostgresSpec, StorageSpec};
+use cairn_testing::{Error, TestNamespace, cluster, wait};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+type Result<T = ()> = std::result::Result<T, Error>;
+
+const CHART: &str = "cairn-database-controller";
+const RELEASE: &str = "cairn";
+const CLUSTER: &str = "orders";
+const INSTANCE_IMAGE: &str = "ghcr.io/cairn-dev/postgres:15";
+const READY_TIMEOUT: Duration = Duration::from_secs(180);
+
+#[tokio::test]
+async fn postgresql_and_the_controller_run_in_real_pods() -> Result {
+    let ns = cluster().namespace_on_real_nodes("real").await?;
+    enforce_restricted_pod_security(&ns).await?;
+
+    install_controller(&ns).await?;
+    controller_answers_from_its_pods(&ns).await?;
+
+    let started = Instant::now();
+    create_cluster(&ns, 3).await?;
+    let clusters = ns.api::<DatabaseCluster>();
+    until_ready_instances(&clusters, 3).await?;
+    eprintln!(
+        "3-instance cluster Ready in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    read_through_the_conversion_webhook(&ns).await?;
+
+    start_client(&ns).await?;
+    psql(&ns, "rw", "CREATE TABLE orders (id int PRIMARY KEY)").await?;
+    psql(
+        &ns,
+        "rw",
+        "INSERT INTO orders SELECT generate_series(1, 100)",
+    )
+    .await?;
+    until_rows_on_replicas(&ns, 100).await?;
+
+    reload_without_restart(&ns).await?;
+    restart_parameter_rolls_the_pods(&ns).await?;
+    scale_down_and_up(&ns).await?;
+    deleted_pod_returns_with_its_data(&ns).await?;
+    Ok(())
+}
+
+async fn enforce_restricted_pod_security(ns: &TestNamespace) -> Result {
+    Api::<Namespace>::all(ns.client.clone())
+        .patch(
+            &ns.name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "labels": {
+                "pod-security.kubernetes.io/enforce": "restricted",
+                "pod-security.kubernetes.io/enforce-version": "latest",
+            } } })),
+        )
+        .await?;
+    Ok(())
+}
+
+/// `helm install`, watching this namespace, its images never pulled.
+async fn install_controller(ns: &TestNamespace) -> Result {
+    let watch = format!("watchNamespace={}", ns.name);
+    cluster()
+        .helm_install(
+            CHART,
+            RELEASE,
+            &ns.name,
+            &["--set", &watch, "--set", "image.pullPolicy=Never"],
+        )
+        .await?;
+    let deployments = ns.api::<Deployment>();
+    wait::for_object(
+        &deployments,
+        &format!("{RELEASE}-{CHART}"),
+        "2 available replicas",
+        Duration::from_secs(60),
+        |d| d.status.as_ref().and_then(|s| s.available_replicas) == Some(2),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Both replicas pass their kubelet probes (they are available) and serve
+/// metrics from their pods' addresses, reached through the API server.
+async fn controller_answers_from_its_pods(ns: &TestNamespace) -> Result {
+    let pods = ns
+        .api::<Pod>()
+        .list(&ListParams::default().labels(&format!("app.kubernetes.io/name={CHART}")))
+        .await?
+        .items;
+    assert_eq!(pods.len(), 2, "two controller pods");
+    for pod in pods {
+        let name = pod.metadata.name.unwrap_or_default();
+        let node = pod.spec.and_then(|s| s.node_name).unwrap_or_default();
+        assert!(node.starts_with("cairn-node-"), "{name} runs on {node}");
+        let path = format!(
+            "/api/v1/namespaces/{}/pods/{name}:8080/proxy/metrics",
+            ns.name
+        );
+        let metrics = cluster().kubectl(&["get", "--raw", &path]).await?.stdout;
+        assert!(
+            metrics.contains("cairn_leader"),
+            "{name} serves its metrics: {}",
+            &metrics[..metrics.len().min(300)]
+        );
+    }
+    Ok(())
+}
+
+fn cluster_spec(instances: i32) -> DatabaseClusterSpec {
+    DatabaseClusterSpec {
+        instances,
+        postgres: PostgresSpec {
+            version: "15".into(),
+            image: Some(INSTANCE_IMAGE.into()),
+            parameters: BTreeMap::new(),
+        },
+        storage: StorageSpec {
+            size: "1Gi".into(),
+            storage_class_name: Some("local-path".into()),
+        },
+        resources: None,
+        scheduling: None,
+        bootstrap: None,
+        paused: false,
+    }
+}
+
+async fn create_cluster(ns: &TestNamespace, instances: i32) -> Result {
+    ns.api::<DatabaseCluster>()
+        .create(
+            &PostParams::default(),
+            &DatabaseCluster::new(CLUSTER, cluster_spec(instances)),
+        )
+        .await?;
+    Ok(())
+}
+
+async fn until_ready_instances(clusters: &Api<DatabaseCluster>, ready: i32) -> Result {
+    wait::for_object(
+        clusters,
+        CLUSTER,
+        &format!("{ready} ready instances and Ready=True"),
+        READY_TIMEOUT,
+        |c| {
+            let status = c.status.as_ref();
+            status.and_then(|s| s.ready_instances) == Some(ready)
+                && status.and_then(|s| s.instances) == Some(ready)
+                && wait::condition_status(c, "Ready").as_deref() == Some("True")
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// v1alpha1 is served through the webhook in the controller's pods, behind its
+/// Service: the API server reaches it through kube-proxy's rules.
+async fn read_through_the_conversion_webhook(ns: &TestNamespace) -> Result {
+    let resource = "databaseclusters.v1alpha1.database.cairn.dev";
+    let size = wait::until(
+        "the cluster read as v1alpha1",
+        Duration::from_secs(30),
+        || async {
+            cluster()
+                .kubectl(&[
+                    "-n",
+                    &ns.name,
+                    "get",
+                    resource,
+                    CLUSTER,
+                    "-o",
+                    "jsonpath={.spec.size}",
+                ])
+                .await
+                .map(|out| Some(out.stdout))
+                .map_err(|e| e.to_string())
+        },
+    )
+    .await?;
+    assert_eq!(size, "3");
+    Ok(())
+}
+
+/// A pod with psql, under the restricted level, its password from the
+/// cluster's credentials Secret.
+async fn start_client(ns: &TestNamespace) -> Result {
+    let secret = format!("{CLUSTER}-credentials");
+    let from_secret = |key: &str| json!({ "secretKeyRef": { "name": secret, "key": key } });
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": { "name": "client" },
+        "spec": {
+            "securityContext": {
+                "runAsNonRoot": true, "runAsUser": 999, "runAsGroup": 999,
+                "seccompProfile": { "type": "RuntimeDefault" }
+            },
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{
+                "name": "psql",
+                "image": INSTANCE_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": ["sleep", "infinity"],
+                "env": [
+                    { "name": "PGUSER", "valueFrom": from_secret("username") },
+                    { "name": "PGPASSWORD", "valueFrom": from_secret("password") },
+                    { "name": "PGDATABASE", "valueFrom": from_secret("database") },
+                    { "name": "PGCONNECT_TIMEOUT", "value": "5" }
+                ],
+                "securityContext": {
+                    "allowPrivilegeEscalation": false,
+                    "capabilities": { "drop": ["ALL"] }
+                }
+            }]
+        }
+    }))
+    .map_err(|e| Error::Setup(e.to_string()))?;
+    let pods = ns.api::<Pod>();
+    pods.create(&PostParams::default(), &pod).await?;
+    wait::for_object(&pods, "client", "Ready", Duration::from_secs(60), |p| {
+        wait::condition_status(p, "Ready").as_deref() == Some("True")
+    })
+    .await?;
+    Ok(())
+}
+
+/// Runs `sql` with psql in the client pod against Service `<cluster>-<service>`
+/// (by its DNS name); returns what it printed, unaligned and tuples only.
+async fn psql(ns: &TestNamespace, service: &str, sql: &str) -> Result<String> {
+    let host = format!("{CLUSTER}-{service}");
+    let out = cluster()
+        .kubectl(&[
+            "-n",
+            &ns.name,
+            "exec",
+            "client",
+            "--",
+            "psql",
+            "-h",
+            &host,
+            "-XAtq",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-c",
+            sql,
+        ])
+        .await?;
+    Ok(out.stdout.trim().to_owned())
+}
+
+/// Polls `sql` through `service` until it prints `expected`.
+async fn until_psql(ns: &TestNamespace, service: &str, sql: &str, expected: &str) -> Result {
+    wait::until(
+        &format!("`{sql}` through {CLUSTER}-{service} = {expected}"),
+        READY_TIMEOUT,
+        || async {
+            match psql(ns, service, sql).await {
+                Ok(out) if out == expected => Ok(Some(())),
+                Ok(out) => Err(out),
+                Err(e) => Err(e.to_string()),
+            }
+        },
+    )
+    .await
+}
+
+/// The replicas stream the primary's writes: every read through `-ro` (which
+/// balances over both replicas) sees them.
+async fn until_rows_on_replicas(ns: &TestNamespace, rows: i64) -> Result {
+    let count = "SELECT count(*) FROM orders";
+    until_psql(ns, "ro", count, &rows.to_string()).await?;
+    assert_eq!(psql(ns, "ro", "SELECT pg_is_in_recovery()").await?, "t");
+    for _ in 0..5 {
+        assert_eq!(psql(ns, "ro", count).await?, rows.to_string());
+    }
+    Ok(())
+}
+
+async fn set_parameter(ns: &TestNamespace, name: &str, value: &str) -> Result {
+    ns.api::<DatabaseCluster>()
+        .patch(
+            CLUSTER,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "postgres": { "parameters": { name: value } } } })),
+        )
+        .await?;
+    Ok(())
+}
+
+async fn pod_uids(ns: &TestNamespace) -> Result<BTreeMap<String, String>> {
+    let selector =
+        format!("app.kubernetes.io/instance={CLUSTER},app.kubernetes.io/name=postgresql");
+    Ok(ns
+        .api::<Pod>()
+        .list(&ListParams::default().labels(&selector))
+        .await?
+        .items
+        .into_iter()
+        .map(|p| {
+            (
+                p.metadata.name.unwrap_or_default(),
+                p.metadata.uid.unwrap_or_default(),
+            )
+        })
+        .collect())
+}
+
+/// A reloadable setting reaches PostgreSQL in place: no pod replaced, the
+/// postmaster not restarted.
+async fn reload_without_restart(ns: &TestNamespace) -> Result {
+    let pods_before = pod_uids(ns).await?;
+    let started_before = psql(ns, "rw", "SELECT pg_postmaster_start_time()").await?;
+    set_parameter(ns, "work_mem", "12MB").await?;
+    until_psql(ns, "rw", "SHOW work_mem", "12MB").await?;
+    until_psql(ns, "ro", "SHOW work_mem", "12MB").await?;
+    assert_eq!(
+        psql(ns, "rw", "SELECT pg_postmaster_start_time()").await?,
+        started_before,
+        "the primary's postmaster was restarted for a reloadable setting"
+    );
+    assert_eq!(
+        pod_uids(ns).await?,
+        pods_before,
+        "pods were replaced for a reload"
+    );
+    Ok(())
+}
+
+/// A setting read only at server start rolls the pods: every pod is new and
+/// every instance runs with the new value.
+async fn restart_parameter_rolls_the_pods(ns: &TestNamespace) -> Result {
+    let pods_before = pod_uids(ns).await?;
+    set_parameter(ns, "max_connections", "120").await?;
+    let clusters = ns.api::<DatabaseCluster>();
+    wait::until("every pod replaced", READY_TIMEOUT, || async {
+        let now = pod_uids(ns).await.map_err(|e| e.to_string())?;
+        let replaced = now
+            .iter()
+            .filter(|(name, uid)| pods_before.get(*name) != Some(uid))
+            .count();
+        match replaced == pods_before.len() && now.len() == pods_before.len() {
+            true => Ok(Some(())),
+            false => Err(format!("{replaced} of {} replaced", pods_before.len())),
+        }
+    })
+    .await?;
+    until_ready_instances(&clusters, 3).await?;
+    until_psql(ns, "rw", "SHOW max_connections", "120").await?;
+    until_psql(ns, "ro", "SHOW max_connections", "120").await?;
+    until_psql(ns, "rw", "SELECT count(*) FROM orders", "100").await?;
+    Ok(())
+}
+
+async fn scale(ns: &TestNamespace, instances: i32) -> Result {
+    ns.api::<DatabaseCluster>()
+        .patch(
+            CLUSTER,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "instances": instances } })),
+        )
+        .await?;
+    until_ready_instances(&ns.api::<DatabaseCluster>(), instances).await
+}
+
+/// 3 → 2 → 3: the third instance leaves, comes back on its kept volume and
+/// catches up with what was written meanwhile.
+async fn scale_down_and_up(ns: &TestNamespace) -> Result {
+    scale(ns, 2).await?;
+    wait::for_deletion(&ns.api::<Pod>(), &format!("{CLUSTER}-2"), READY_TIMEOUT).await?;
+    psql(
+        ns,
+        "rw",
+        "INSERT INTO orders SELECT generate_series(101, 150)",
+    )
+    .await?;
+    scale(ns, 3).await?;
+    until_rows_on_replicas(ns, 150).await
+}
+
+/// The primary's pod deleted: the StatefulSet brings it back on the same
+/// volume, with every row.
+async fn deleted_pod_returns_with_its_data(ns: &TestNamespace) -> Result {
+    let pods = ns.api::<Pod>();
+    let primary = format!("{CLUSTER}-0");
+    let uid = pods.get(&primary).await?.metadata.uid;
+    pods.delete(&primary, &DeleteParams::default()).await?;
+    wait::for_object(&pods, &primary, "a new pod, Ready", READY_TIMEOUT, |p| {
+        p.metadata.uid != uid && wait::condition_status(p, "Ready").as_deref() == Some("True")
+    })
+    .await?;
+    until_psql(ns, "rw", "SELECT count(*) FROM orders", "150").await?;
+    until_rows_on_replicas(ns, 150).await
+}
