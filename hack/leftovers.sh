@@ -10,14 +10,17 @@ STATE=$(realpath -m "${1:?state folder}")
 source "$CAIRN_ROOT/hack/nodes.sh"
 
 found=()
-add() { while read -r line; do [[ -n $line ]] && found+=("$1: $line"); done; }
+shopt -s lastpipe # `... | add` appends to found in this shell
+add() { while read -r line; do [[ -n $line ]] && found+=("$1: $line"); done; return 0; }
 
 pgrep -a -f -- "$STATE" | grep -v -- "leftovers.sh" | add process || true
 awk -v d="$STATE" 'index($5, d) == 1 {print $5}' /proc/self/mountinfo | add mount
 ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1 | grep -E "^($HOST_BRIDGE|cairn-br[0-9]+)$" | add link || true
 ip route show | grep -E "^(blackhole )?(10\.96\.|10\.244\.)" | add route || true
-for table in filter nat mangle; do
-  iptables -t "$table" -S 2>/dev/null | grep -E -- "^-N (KUBE-|CNI-|$FILTER_CHAIN)" | sed "s/^/$table /" | add iptables || true
+for iptables in iptables iptables-legacy; do
+  for table in filter nat mangle; do
+    "$iptables" -t "$table" -S 2>/dev/null | grep -E -- "^-N (KUBE-|CNI-|$FILTER_CHAIN)" | sed "s/^/$table /" | add "$iptables" || true
+  done
 done
 ls /var/run/netns 2>/dev/null | grep '^cni-' | add netns || true
 for controller in $(cgroup_controllers); do

@@ -27,7 +27,7 @@
 #   hack/local-cluster.sh kill-container STATE_DIR NAMESPACE POD [CONTAINER]
 #                                            SIGKILL one container's processes
 #
-# CAIRN_REAL_NODES: how many real nodes (default 2, at most 3; 0 for none).
+# CAIRN_REAL_NODES: how many real nodes, one per zone (default 3; 0 for none).
 # One cluster with real nodes runs on a machine at a time (they share the
 # host's iptables and routes).
 #
@@ -40,7 +40,7 @@ NODE_ZONES=(zone-a zone-b zone-c)
 SERVICE_CIDR=10.96.0.0/16
 SERVICE_API_IP=10.96.0.1
 START_TIMEOUT=${CAIRN_START_TIMEOUT:-90}
-REAL_NODES=${CAIRN_REAL_NODES:-2}
+REAL_NODES=${CAIRN_REAL_NODES:-3}
 [[ $REAL_NODES =~ ^[0-3]$ ]] || die "CAIRN_REAL_NODES=$REAL_NODES: 0 to 3"
 # Taint and annotation of the kwok nodes: only pods that tolerate it land there.
 KWOK_TAINT=kwok.x-k8s.io/node

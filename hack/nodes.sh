@@ -78,6 +78,7 @@ network_down() {
   iptables -F "$FILTER_CHAIN" 2>/dev/null || true
   iptables -X "$FILTER_CHAIN" 2>/dev/null || true
   [[ -x "$(bin_dir)/kube-proxy" ]] && "$(bin_dir)/kube-proxy" --cleanup >/dev/null 2>&1 || true
+  remove_kubernetes_chains
   ip route del blackhole "$POD_CIDR" 2>/dev/null || true
   ip route del "$SERVICE_CIDR" dev "$HOST_BRIDGE" 2>/dev/null || true
   local link
@@ -86,6 +87,26 @@ network_down() {
   done
   [[ -f $STATE/ip_forward.before ]] && cat "$STATE/ip_forward.before" >/proc/sys/net/ipv4/ip_forward
   rm -f "$NETWORK_OWNER"
+}
+
+# The chains kubelet and kube-proxy make (KUBE-*; CNI-* from the plugins) in
+# every table, and the rules that jump to them, whichever iptables backend
+# made them (kubelet probes both).
+remove_kubernetes_chains() {
+  local iptables table rule chain
+  for iptables in iptables iptables-legacy; do
+    command -v "$iptables" >/dev/null || continue
+    for table in filter nat mangle; do
+      "$iptables" -t "$table" -S 2>/dev/null | grep -E -- '^-A .* -j (KUBE-|CNI-)' | sed 's/^-A /-D /' |
+        while read -r rule; do eval "$iptables -t $table $rule" 2>/dev/null || true; done
+      for chain in $("$iptables" -t "$table" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^(KUBE-|CNI-)/ {print $2}'); do
+        "$iptables" -t "$table" -F "$chain" 2>/dev/null || true
+      done
+      for chain in $("$iptables" -t "$table" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^(KUBE-|CNI-)/ {print $2}'); do
+        "$iptables" -t "$table" -X "$chain" 2>/dev/null || true
+      done
+    done
+  done
 }
 
 # ---- per node ---------------------------------------------------------------

@@ -17,7 +17,7 @@ const BUSYBOX: &str = "cairn.local/busybox:1";
 
 #[tokio::test]
 async fn cluster_addresses_never_route_to_the_default_gateway() -> Result {
-    let gateway = ip(&["route", "show", "default"])?;
+    let gateway = ip(&["route", "show", "default"]).map_err(Error::Setup)?;
     let gateway = gateway
         .split_whitespace()
         .skip_while(|word| *word != "via")

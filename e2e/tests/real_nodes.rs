@@ -22,7 +22,6 @@ use serde_json::json;
 type Result<T = ()> = std::result::Result<T, Error>;
 
 const CHART: &str = "cairn-database-controller";
-const RELEASE: &str = "cairn";
 const CLUSTER: &str = "orders";
 const INSTANCE_IMAGE: &str = "ghcr.io/cairn-dev/postgres:15";
 const READY_TIMEOUT: Duration = Duration::from_secs(180);
@@ -76,13 +75,14 @@ async fn enforce_restricted_pod_security(ns: &TestNamespace) -> Result {
     Ok(())
 }
 
-/// `helm install`, watching this namespace, its images never pulled.
+/// `helm install`, watching this namespace, its images never pulled. The
+/// release is named after the namespace: its ClusterRole is cluster-scoped.
 async fn install_controller(ns: &TestNamespace) -> Result {
     let watch = format!("watchNamespace={}", ns.name);
     cluster()
         .helm_install(
             CHART,
-            RELEASE,
+            &ns.name,
             &ns.name,
             &["--set", &watch, "--set", "image.pullPolicy=Never"],
         )
@@ -90,7 +90,7 @@ async fn install_controller(ns: &TestNamespace) -> Result {
     let deployments = ns.api::<Deployment>();
     wait::for_object(
         &deployments,
-        &format!("{RELEASE}-{CHART}"),
+        &format!("{}-{CHART}", ns.name),
         "2 available replicas",
         Duration::from_secs(60),
         |d| d.status.as_ref().and_then(|s| s.available_replicas) == Some(2),
