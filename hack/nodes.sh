@@ -46,9 +46,15 @@ network_up() {
   if [[ -f $NETWORK_OWNER ]]; then
     local owner
     owner=$(cat "$NETWORK_OWNER")
-    [[ $owner == "$STATE" ]] || [[ ! -d $owner ]] ||
-      die "the real nodes' network is in use by the local cluster in $owner (one cluster at a time on a machine: hack/local-cluster.sh down $owner)"
-    STATE=$owner network_down
+    if [[ $owner != "$STATE" && -d $owner ]]; then
+      has_live_process "$owner" &&
+        die "the real nodes' network is in use by the local cluster in $owner (one cluster at a time on a machine: hack/local-cluster.sh down $owner)"
+      # A run killed before its `down` (a cancelled CI job, say) leaves the
+      # network, the nodes' mounts and cgroups behind: remove them as `down` would.
+      log "removing the local cluster in $owner: none of its processes runs, yet its network is still up"
+      "$CAIRN_ROOT/hack/local-cluster.sh" down "$owner"
+    fi
+    [[ -f $NETWORK_OWNER ]] && STATE=$owner network_down
   fi
   echo "$STATE" >"$NETWORK_OWNER"
   cat /proc/sys/net/ipv4/ip_forward >"$STATE/ip_forward.before"
@@ -68,6 +74,15 @@ network_up() {
   # traffic passes iptables (kube-proxy's DNAT).
   [[ -w /proc/sys/net/bridge/bridge-nf-call-iptables ]] && echo 1 >/proc/sys/net/bridge/bridge-nf-call-iptables
   echo 1 >/proc/sys/net/ipv4/ip_forward
+}
+
+# has_live_process STATE: whether any component of that cluster still runs.
+has_live_process() {
+  local STATE=$1 file
+  for file in "$STATE"/pids/*.pid; do
+    [[ -e $file ]] && alive "$(basename "$file" .pid)" && return 0
+  done
+  return 1
 }
 
 # Removes every network object `network_up` and the nodes created; safe to run
@@ -97,7 +112,7 @@ remove_kubernetes_chains() {
   for iptables in iptables iptables-legacy; do
     command -v "$iptables" >/dev/null || continue
     for table in filter nat mangle; do
-      "$iptables" -t "$table" -S 2>/dev/null | grep -E -- '^-A .* -j (KUBE-|CNI-)' | sed 's/^-A /-D /' |
+      "$iptables" -t "$table" -S 2>/dev/null | { grep -E -- '^-A .* -j (KUBE-|CNI-)' || true; } | sed 's/^-A /-D /' |
         while read -r rule; do eval "$iptables -t $table $rule" 2>/dev/null || true; done
       for chain in $("$iptables" -t "$table" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^(KUBE-|CNI-)/ {print $2}'); do
         "$iptables" -t "$table" -F "$chain" 2>/dev/null || true
