@@ -85,6 +85,7 @@ prop_compose! {
             word().prop_map(|b| json!({ "fromBackup": { "name": b } })),
         ]),
         paused in any::<bool>(),
+        failover in option::of((6i32..600, option::of(0i64..1_000_000))),
     ) -> Value {
         let scheduling = with_scheduling.then(|| json!({
             "nodeSelector": node_selector,
@@ -99,6 +100,7 @@ prop_compose! {
             "scheduling": scheduling,
             "bootstrap": bootstrap,
             "paused": paused,
+            "failover": failover.map(|(delay, lag)| json!({ "delaySeconds": delay, "maxLagBytes": lag })),
         })
     }
 }
@@ -115,12 +117,19 @@ prop_compose! {
         endpoints in option::of((option::of(word()), option::of(word()))),
         secret in option::of(word()),
         version in option::of(word()),
+        initialized in any::<bool>(),
+        failover in option::of((word(), word(), word())),
     ) -> Value {
         json!({
             "observedGeneration": generation, "phase": phase, "conditions": conditions,
             "instances": instances, "readyInstances": ready, "currentPrimary": primary, "selector": selector,
             "endpoints": endpoints.map(|(rw, ro)| json!({ "readWrite": rw, "readOnly": ro })),
             "credentialsSecret": secret, "postgresVersion": version,
+            "initialized": initialized,
+            "lastFailover": failover.map(|(from, to, reason)| json!({
+                "from": from, "to": to, "reason": reason,
+                "primaryLastSeen": "2026-01-02T03:04:05Z", "promotedAt": "2026-01-02T03:04:15Z",
+            })),
         })
     }
 }

@@ -41,6 +41,8 @@ struct SpecExtras {
     bootstrap: Option<v1::BootstrapSpec>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     paused: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    failover: Option<v1::FailoverSpec>,
 }
 
 /// The v1 status minus what v1alpha1 holds itself.
@@ -61,6 +63,10 @@ struct StatusExtras {
     credentials_secret: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     postgres_version: Option<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    initialized: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    last_failover: Option<v1::FailoverRecord>,
     /// v1 had a status with none of v1alpha1's fields set.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     empty_endpoints: bool,
@@ -100,6 +106,7 @@ pub fn to_v1alpha1(cluster: v1::DatabaseCluster) -> v1alpha1::DatabaseCluster {
         scheduling: spec.scheduling,
         bootstrap: spec.bootstrap,
         paused: spec.paused,
+        failover: spec.failover,
     };
     keep(&mut metadata, SPEC_ANNOTATION, &extras);
     let status = status.map(|status| {
@@ -113,6 +120,8 @@ pub fn to_v1alpha1(cluster: v1::DatabaseCluster) -> v1alpha1::DatabaseCluster {
             read_only_endpoint: endpoints.read_only,
             credentials_secret: status.credentials_secret,
             postgres_version: status.postgres_version,
+            initialized: status.initialized,
+            last_failover: status.last_failover,
             empty_endpoints,
         };
         keep(&mut metadata, STATUS_ANNOTATION, &extras);
@@ -164,6 +173,8 @@ pub fn to_v1(cluster: v1alpha1::DatabaseCluster) -> Result<v1::DatabaseCluster, 
             endpoints: keep_endpoints.then_some(endpoints),
             credentials_secret: status_extras.credentials_secret,
             postgres_version: status_extras.postgres_version,
+            initialized: status_extras.initialized,
+            last_failover: status_extras.last_failover,
         }
     });
     let mut converted = v1::DatabaseCluster::new(
@@ -183,6 +194,7 @@ pub fn to_v1(cluster: v1alpha1::DatabaseCluster) -> Result<v1::DatabaseCluster, 
             scheduling: extras.scheduling,
             bootstrap: extras.bootstrap,
             paused: extras.paused,
+            failover: extras.failover,
         },
     );
     converted.metadata = metadata;

@@ -1,18 +1,42 @@
 //! The contract between the database controller and `cairn-instance`, the
 //! entrypoint of every database pod: the names, paths and ports both sides
-//! use, and the observed state the instance reports on its pod.
+//! use, and the membership each instance keeps.
+//!
+//! Membership: the controller creates a `coordination.k8s.io` Lease per
+//! instance, named after its pod. The instance alone renews it (the heartbeat:
+//! `spec.renewTime`) and writes its [`ObservedState`] into it; it may not write
+//! any pod. The controller alone assigns roles, with [`ROLE_LABEL`] on the pods,
+//! which the instance watches. To depose a primary, the controller sets
+//! [`FENCED_ANNOTATION`] on its Lease with a resourceVersion precondition: a
+//! renewal and a deposition cannot both succeed, so exactly one side wins.
 
 use serde::{Deserialize, Serialize};
 
 /// The label the controller sets on each instance pod: `primary` or `replica`.
-/// The `-rw` and `-ro` Services select on it; cairn-instance reads it through
-/// the Downward API to learn its role.
+/// The `-rw` and `-ro` Services select on it; cairn-instance watches its own
+/// pod to learn its role.
 pub const ROLE_LABEL: &str = "database.cairn.dev/role";
 pub const ROLE_PRIMARY: &str = "primary";
 pub const ROLE_REPLICA: &str = "replica";
 
-/// Pod annotation cairn-instance writes: [`ObservedState`] as JSON.
+/// Membership Lease annotation cairn-instance writes: [`ObservedState`] as JSON.
 pub const OBSERVED_ANNOTATION: &str = "database.cairn.dev/observed";
+/// Membership Lease annotation the controller sets (to `"true"`) when it deposes
+/// the primary; the instance then never runs as a primary until the
+/// controller assigns it the role again (and removes the annotation).
+pub const FENCED_ANNOTATION: &str = "database.cairn.dev/fenced";
+/// Pod annotation (`"initdb"`) the controller sets on the first primary of a
+/// cluster that was never initialised. Without it, an instance assigned the
+/// primary role with an empty data folder refuses to run initdb: the data
+/// lives on in the replicas, and the controller fails over to one of them.
+pub const BOOTSTRAP_ANNOTATION: &str = "database.cairn.dev/bootstrap";
+pub const BOOTSTRAP_INITDB: &str = "initdb";
+/// How often an instance renews its membership Lease (its heartbeat).
+pub const HEARTBEAT_MILLISECONDS: u64 = 2000;
+/// Environment of the instance container: a primary that could not renew its
+/// heartbeat for this many seconds stops taking writes (restarts read-only).
+/// The controller sets it to half the failover delay.
+pub const FENCE_SECONDS_ENV: &str = "CAIRN_FENCE_SECONDS";
 
 pub const POSTGRES_PORT: u16 = 5432;
 /// `/livez`, `/readyz`, `/status`.
@@ -28,8 +52,7 @@ pub const PGDATA: &str = "/var/lib/postgresql/data/pgdata";
 pub const CONFIG_DIR: &str = "/etc/cairn/config";
 /// The credentials Secret, one file per key (the `*_KEY` constants).
 pub const CREDENTIALS_DIR: &str = "/etc/cairn/credentials";
-/// The Downward API folder; its file `role` holds the role label.
-pub const PODINFO_DIR: &str = "/etc/cairn/podinfo";
+/// Outside a pod (process-level tests), the assigned role is read from a file.
 pub const ROLE_FILE: &str = "/etc/cairn/podinfo/role";
 /// Sockets and the instance's password file (an emptyDir).
 pub const RUN_DIR: &str = "/var/run/postgresql";
@@ -56,4 +79,32 @@ pub struct ObservedState {
     /// Current WAL position (primary) or last replayed (replica), as `X/Y`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wal_position: Option<String>,
+    /// A replica's last WAL position received from its primary, as `X/Y`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub received_position: Option<String>,
+    /// `server_version` of the running server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_version: Option<String>,
+    /// Why the server is not serving in its assigned role, when it is not
+    /// (bootstrap refused, fenced, crash-looping...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
+}
+
+/// `X/Y` (hexadecimal halves) as a byte position.
+pub fn parse_lsn(text: &str) -> Option<u64> {
+    let (high, low) = text.split_once('/')?;
+    Some((u64::from_str_radix(high, 16).ok()? << 32) | u64::from_str_radix(low, 16).ok()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lsn() {
+        assert_eq!(parse_lsn("0/3000060"), Some(0x300_0060));
+        assert_eq!(parse_lsn("1/0"), Some(1 << 32));
+        assert_eq!(parse_lsn("junk"), None);
+    }
 }

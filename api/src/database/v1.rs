@@ -7,7 +7,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::common::{Condition, LocalObjectReference};
+use crate::common::{Condition, LocalObjectReference, Time};
 
 /// postgresql.conf settings Cairn sets itself: replication, paths, listening
 /// and TLS depend on them, so a user value would break the cluster.
@@ -102,6 +102,9 @@ pub struct DatabaseClusterSpec {
     /// default) or a restore from a Backup. Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bootstrap: Option<BootstrapSpec>,
+    /// When a replica takes over from a lost primary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failover: Option<FailoverSpec>,
     /// Stop changing the cluster's child objects (for maintenance by hand).
     /// The status says so while it is set.
     #[serde(default, skip_serializing_if = "is_false")]
@@ -115,11 +118,11 @@ fn is_false(value: &bool) -> bool {
 /// The PostgreSQL server.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[x_kube(validation = Rule::new(
-    "int(self.version.split('.')[0]) >= int(oldSelf.version.split('.')[0])"
-).message("spec.postgres.version: the major version cannot be downgraded"))]
+    "int(self.version.split('.')[0]) == int(oldSelf.version.split('.')[0])"
+).message("spec.postgres.version: the major version cannot change: Cairn does not upgrade (or downgrade) a data folder between major versions yet; create a new cluster instead"))]
 pub struct PostgresSpec {
     /// PostgreSQL version: a major ("17") or major.minor ("17.2"), 13 to 18.
-    /// The major version can be raised, never lowered.
+    /// The minor version can change; the major cannot (no major upgrades yet).
     #[schemars(regex(pattern = r"^(1[3-8])(\.[0-9]{1,3})?$"))]
     pub version: String,
     /// Container image to run instead of the default one for `version`. It
@@ -170,6 +173,40 @@ pub struct StorageSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub storage_class_name: Option<String>,
+}
+
+/// Automated failover.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FailoverSpec {
+    /// Seconds the primary may go without a heartbeat, or without serving,
+    /// before the most advanced replica is promoted. The primary itself stops
+    /// taking writes after half this time without a heartbeat, so it never
+    /// takes writes once a replica may have been promoted.
+    #[serde(default = "default_failover_delay")]
+    #[schemars(range(min = 6, max = 600))]
+    pub delay_seconds: i32,
+    /// Promote only a replica that received WAL up to at most this many bytes
+    /// before the lost primary's last reported position; unset: any replica.
+    /// While none qualifies, the cluster waits for the primary to return.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub max_lag_bytes: Option<i64>,
+}
+
+pub const DEFAULT_FAILOVER_DELAY_SECONDS: i32 = 10;
+
+fn default_failover_delay() -> i32 {
+    DEFAULT_FAILOVER_DELAY_SECONDS
+}
+
+impl Default for FailoverSpec {
+    fn default() -> Self {
+        Self {
+            delay_seconds: DEFAULT_FAILOVER_DELAY_SECONDS,
+            max_lag_bytes: None,
+        }
+    }
 }
 
 /// Where the instances' pods may run.
@@ -264,9 +301,33 @@ pub struct DatabaseClusterStatus {
     /// Name of the Secret with the generated credentials.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials_secret: Option<String>,
-    /// PostgreSQL version the instances run.
+    /// PostgreSQL version the primary reports running.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub postgres_version: Option<String>,
+    /// Set once the first primary served: from then on no instance runs
+    /// initdb, whatever happens to its volume.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub initialized: bool,
+    /// The last automated failover.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failover: Option<FailoverRecord>,
+}
+
+/// An automated failover: which pod lost the primary role, which got it, and when.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FailoverRecord {
+    pub from: String,
+    pub to: String,
+    /// Why the old primary was declared lost.
+    pub reason: String,
+    /// When the old primary last showed it was serving (its last heartbeat).
+    pub primary_last_seen: Time,
+    /// When the replica was promoted.
+    pub promoted_at: Time,
+    /// When the new primary first reported serving writes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<Time>,
 }
 
 /// Service addresses of a cluster.

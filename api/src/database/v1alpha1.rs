@@ -37,8 +37,8 @@ use crate::common::Condition;
 // The API server checks a write against the schema of the version it was
 // sent in: v1's rules on the fields both versions have are repeated here.
 #[x_kube(validation = Rule::new(
-    "int(self.version.split('.')[0]) >= int(oldSelf.version.split('.')[0])"
-).message("spec.version: the major version cannot be downgraded"))]
+    "int(self.version.split('.')[0]) == int(oldSelf.version.split('.')[0])"
+).message("spec.version: the major version cannot change: Cairn does not upgrade (or downgrade) a data folder between major versions yet; create a new cluster instead"))]
 #[x_kube(validation = Rule::new(
     "quantity(self.storageSize).compareTo(quantity(oldSelf.storageSize)) >= 0"
 ).message("spec.storageSize cannot shrink: PersistentVolumeClaims can only grow"))]

@@ -5,12 +5,12 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use cairn_api::database::instance;
-use cairn_api::database::v1::{DatabaseCluster, REPLICATION_USER};
+use cairn_api::database::v1::{DEFAULT_FAILOVER_DELAY_SECONDS, DatabaseCluster, REPLICATION_USER};
 use cairn_runtime::labels;
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, DownwardAPIVolumeFile,
-    DownwardAPIVolumeSource, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector,
+    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector,
     PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSecurityContext, PodSpec, PodTemplateSpec,
     Probe, SeccompProfile, Secret, SecretVolumeSource, SecurityContext, Service, ServiceAccount,
     ServicePort, ServiceSpec, TopologySpreadConstraint, Volume, VolumeMount,
@@ -277,7 +277,7 @@ pub fn services(cluster: &DatabaseCluster) -> [Service; 3] {
     ]
 }
 
-/// The instances' ServiceAccount: cairn-instance needs no API access.
+/// The instances' ServiceAccount (see [`instance_role`]).
 pub fn service_account(cluster: &DatabaseCluster) -> ServiceAccount {
     ServiceAccount {
         metadata: metadata(cluster, &cluster.name_any(), "database"),
@@ -286,22 +286,47 @@ pub fn service_account(cluster: &DatabaseCluster) -> ServiceAccount {
     }
 }
 
-/// What cairn-instance may do with the API: patch its own pod (the
-/// observed-state annotation), and nothing else.
-pub fn instance_role(cluster: &DatabaseCluster) -> Role {
-    let pods = (0..cluster.spec.instances.max(0))
+/// The instances' pod names, by ordinal.
+pub fn pod_names(cluster: &DatabaseCluster) -> Vec<String> {
+    (0..cluster.spec.instances.max(0))
         .map(|ordinal| format!("{}-{ordinal}", cluster.name_any()))
-        .collect();
+        .collect()
+}
+
+/// What cairn-instance may do with the API: read and watch its cluster's pods
+/// (its assigned role is a label the controller sets) and renew their
+/// membership Leases. No write to any pod: only the controller decides which
+/// pod `-rw` selects.
+pub fn instance_role(cluster: &DatabaseCluster) -> Role {
+    let rule = |group: &str, resource: &str, verbs: &[&str]| PolicyRule {
+        api_groups: Some(vec![group.to_owned()]),
+        resources: Some(vec![resource.to_owned()]),
+        resource_names: Some(pod_names(cluster)),
+        verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
+        ..PolicyRule::default()
+    };
     Role {
         metadata: metadata(cluster, &cluster.name_any(), "database"),
-        rules: Some(vec![PolicyRule {
-            api_groups: Some(vec![String::new()]),
-            resources: Some(vec!["pods".to_owned()]),
-            resource_names: Some(pods),
-            verbs: vec!["patch".to_owned()],
-            ..PolicyRule::default()
-        }]),
+        rules: Some(vec![
+            // list and watch with resourceNames need a metadata.name field selector.
+            rule("", "pods", &["get", "list", "watch"]),
+            rule("coordination.k8s.io", "leases", &["get", "update", "patch"]),
+        ]),
     }
+}
+
+/// One membership Lease per instance, named after its pod (see
+/// `cairn_api::database::instance`). The controller creates them, so they go
+/// with the cluster; only the spec's holder and renewal, written by the
+/// instance, change afterwards.
+pub fn member_leases(cluster: &DatabaseCluster) -> Vec<Lease> {
+    pod_names(cluster)
+        .into_iter()
+        .map(|pod| Lease {
+            metadata: metadata(cluster, &pod, "membership"),
+            spec: None,
+        })
+        .collect()
 }
 
 /// Grants [`instance_role`] to the instances' ServiceAccount.
@@ -355,7 +380,7 @@ pub fn stateful_set(
     let scheduling = spec.scheduling.clone().unwrap_or_default();
     let pod = PodSpec {
         service_account_name: Some(names.cluster.clone()),
-        // cairn-instance reports its observed state on its pod (instance_role).
+        // cairn-instance watches its pod and renews its Lease (instance_role).
         automount_service_account_token: Some(true),
         enable_service_links: Some(false),
         termination_grace_period_seconds: Some(60),
@@ -453,6 +478,21 @@ fn data_claim(cluster: &DatabaseCluster) -> PersistentVolumeClaim {
     }
 }
 
+/// The failover delay: how long a primary may be silent before a replica is promoted.
+pub fn failover_delay_seconds(cluster: &DatabaseCluster) -> i32 {
+    cluster
+        .spec
+        .failover
+        .as_ref()
+        .map_or(DEFAULT_FAILOVER_DELAY_SECONDS, |f| f.delay_seconds)
+}
+
+/// Half the failover delay: the primary is read-only well before a replica
+/// may be promoted, with the other half for restarting it read-only.
+pub fn fence_seconds(cluster: &DatabaseCluster) -> i32 {
+    failover_delay_seconds(cluster) / 2
+}
+
 fn instance_container(cluster: &DatabaseCluster) -> Container {
     let postgres = &cluster.spec.postgres;
     let image = postgres
@@ -514,6 +554,11 @@ fn instance_container(cluster: &DatabaseCluster) -> Container {
                 value: Some(instance::PGDATA.to_owned()),
                 ..EnvVar::default()
             },
+            EnvVar {
+                name: instance::FENCE_SECONDS_ENV.to_owned(),
+                value: Some(fence_seconds(cluster).to_string()),
+                ..EnvVar::default()
+            },
         ]),
         ports: Some(vec![
             port("postgres", POSTGRES_PORT),
@@ -536,7 +581,6 @@ fn instance_container(cluster: &DatabaseCluster) -> Container {
             mount("data", instance::DATA_MOUNT, false),
             mount("config", instance::CONFIG_DIR, true),
             mount("credentials", instance::CREDENTIALS_DIR, true),
-            mount("podinfo", instance::PODINFO_DIR, true),
             mount("run", instance::RUN_DIR, false),
             mount("tmp", "/tmp", false),
         ]),
@@ -565,22 +609,6 @@ fn volumes(names: &Names) -> Vec<Volume> {
                 secret_name: Some(names.credentials.clone()),
                 default_mode: Some(0o400),
                 ..SecretVolumeSource::default()
-            }),
-            ..Volume::default()
-        },
-        // The role label, kept current by the kubelet: cairn-instance's role.
-        Volume {
-            name: "podinfo".to_owned(),
-            downward_api: Some(DownwardAPIVolumeSource {
-                items: Some(vec![DownwardAPIVolumeFile {
-                    path: "role".to_owned(),
-                    field_ref: Some(ObjectFieldSelector {
-                        field_path: format!("metadata.labels['{ROLE_LABEL}']"),
-                        ..ObjectFieldSelector::default()
-                    }),
-                    ..DownwardAPIVolumeFile::default()
-                }]),
-                ..DownwardAPIVolumeSource::default()
             }),
             ..Volume::default()
         },
@@ -622,24 +650,23 @@ mod tests {
     }
 
     #[test]
-    fn an_instance_may_patch_only_its_clusters_pods() {
+    fn an_instance_may_read_its_clusters_pods_and_renew_their_leases_only() {
         let role = instance_role(&cluster(&[]));
         let rules = role.rules.unwrap_or_default();
-        assert_eq!(rules.len(), 1);
-        assert_eq!(rules[0].verbs, ["patch"]);
+        let names = ["orders-0", "orders-1", "orders-2"].map(String::from);
+        let granted: Vec<_> = rules
+            .iter()
+            .map(|r| {
+                assert_eq!(r.resource_names.as_deref(), Some(&names[..]));
+                (r.resources.clone().unwrap_or_default(), r.verbs.clone())
+            })
+            .collect();
         assert_eq!(
-            rules[0].resources.as_deref(),
-            Some(&["pods".to_owned()][..])
-        );
-        assert_eq!(
-            rules[0].resource_names.as_deref(),
-            Some(
-                &[
-                    "orders-0".to_owned(),
-                    "orders-1".to_owned(),
-                    "orders-2".to_owned()
-                ][..]
-            )
+            granted,
+            [
+                (vec!["pods".to_owned()], vec!["get".into(), "list".into(), "watch".into()]),
+                (vec!["leases".to_owned()], vec!["get".into(), "update".into(), "patch".into()]),
+            ]
         );
         let binding = instance_role_binding(&cluster(&[]));
         let subject = &binding.subjects.unwrap_or_default()[0];
@@ -647,6 +674,11 @@ mod tests {
             (subject.name.as_str(), subject.namespace.as_deref()),
             ("orders", Some("shop"))
         );
+        let leases: Vec<_> = member_leases(&cluster(&[]))
+            .into_iter()
+            .map(|l| l.metadata.name.unwrap_or_default())
+            .collect();
+        assert_eq!(leases, names);
     }
 
     #[test]
@@ -740,7 +772,7 @@ mod tests {
     }
 
     #[test]
-    fn the_pod_runs_restricted_with_the_role_in_the_downward_api() {
+    fn the_pod_runs_restricted_and_fences_at_half_the_failover_delay() {
         let sts = stateful_set(&cluster(&[]), None);
         let spec = sts.spec.expect("spec");
         assert_eq!(spec.replicas, Some(3));
@@ -760,19 +792,12 @@ mod tests {
             pod.security_context.and_then(|s| s.run_as_non_root),
             Some(true)
         );
-        let podinfo = pod
-            .volumes
-            .expect("volumes")
-            .into_iter()
-            .find(|v| v.name == "podinfo");
-        let path = podinfo
-            .and_then(|v| v.downward_api)
-            .and_then(|d| d.items)
-            .and_then(|items| items[0].field_ref.clone())
-            .map(|f| f.field_path);
-        assert_eq!(
-            path.as_deref(),
-            Some("metadata.labels['database.cairn.dev/role']")
-        );
+        let fence = container
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == instance::FENCE_SECONDS_ENV)
+            .and_then(|e| e.value.clone());
+        assert_eq!(fence.as_deref(), Some("5"));
     }
 }
