@@ -2,6 +2,8 @@
 //! file is one suite (`cargo test -p cairn-e2e --test <suite>`). This library
 //! holds what several suites share.
 
+pub mod real;
+
 use std::time::Duration;
 
 use kube::Api;

@@ -263,14 +263,21 @@ fn cases() -> Vec<Case> {
             DBC,
             json!({}),
             json!({"spec": {"postgres": {"version": "16"}}}),
-            &["the major version cannot be downgraded"],
+            &["the major version cannot change"],
+        ),
+        invalid_change(
+            "major upgrade (not supported yet)",
+            DBC,
+            json!({}),
+            json!({"spec": {"postgres": {"version": "18"}}}),
+            &["the major version cannot change", "Cairn does not upgrade"],
         ),
         invalid_change(
             "major downgrade with minor",
             DBC,
             json!({}),
             json!({"spec": {"postgres": {"version": "16.4"}}}),
-            &["the major version cannot be downgraded"],
+            &["the major version cannot change"],
         ),
         invalid_change(
             "storage shrink",

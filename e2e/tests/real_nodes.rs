@@ -11,20 +11,19 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use cairn_api::database::v1::{DatabaseCluster, DatabaseClusterSpec, PostgresSpec, StorageSpec};
+use cairn_api::database::v1::DatabaseCluster;
+use cairn_e2e::real::{
+    CHART, READY_TIMEOUT, cluster_spec, enforce_restricted_pod_security, install_controller,
+};
 use cairn_testing::{Error, TestNamespace, cluster, wait};
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 type Result<T = ()> = std::result::Result<T, Error>;
 
-const CHART: &str = "cairn-database-controller";
 const CLUSTER: &str = "orders";
-const INSTANCE_IMAGE: &str = "ghcr.io/cairn-dev/postgres:15";
-const READY_TIMEOUT: Duration = Duration::from_secs(180);
 
 #[tokio::test]
 async fn postgresql_and_the_controller_run_in_real_pods() -> Result {
@@ -44,7 +43,7 @@ async fn postgresql_and_the_controller_run_in_real_pods() -> Result {
     );
     read_through_the_conversion_webhook(&ns).await?;
 
-    start_client(&ns).await?;
+    cairn_e2e::real::start_client(&ns, CLUSTER).await?;
     psql(&ns, "rw", "CREATE TABLE orders (id int PRIMARY KEY)").await?;
     psql(
         &ns,
@@ -58,44 +57,6 @@ async fn postgresql_and_the_controller_run_in_real_pods() -> Result {
     restart_parameter_rolls_the_pods(&ns).await?;
     scale_down_and_up(&ns).await?;
     deleted_pod_returns_with_its_data(&ns).await?;
-    Ok(())
-}
-
-async fn enforce_restricted_pod_security(ns: &TestNamespace) -> Result {
-    Api::<Namespace>::all(ns.client.clone())
-        .patch(
-            &ns.name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "metadata": { "labels": {
-                "pod-security.kubernetes.io/enforce": "restricted",
-                "pod-security.kubernetes.io/enforce-version": "latest",
-            } } })),
-        )
-        .await?;
-    Ok(())
-}
-
-/// `helm install`, watching this namespace, its images never pulled. The
-/// release is named after the namespace: its ClusterRole is cluster-scoped.
-async fn install_controller(ns: &TestNamespace) -> Result {
-    let watch = format!("watchNamespace={}", ns.name);
-    cluster()
-        .helm_install(
-            CHART,
-            &ns.name,
-            &ns.name,
-            &["--set", &watch, "--set", "image.pullPolicy=Never"],
-        )
-        .await?;
-    let deployments = ns.api::<Deployment>();
-    wait::for_object(
-        &deployments,
-        &format!("{}-{CHART}", ns.name),
-        "2 available replicas",
-        Duration::from_secs(60),
-        |d| d.status.as_ref().and_then(|s| s.available_replicas) == Some(2),
-    )
-    .await?;
     Ok(())
 }
 
@@ -124,25 +85,6 @@ async fn controller_answers_from_its_pods(ns: &TestNamespace) -> Result {
         );
     }
     Ok(())
-}
-
-fn cluster_spec(instances: i32) -> DatabaseClusterSpec {
-    DatabaseClusterSpec {
-        instances,
-        postgres: PostgresSpec {
-            version: "15".into(),
-            image: Some(INSTANCE_IMAGE.into()),
-            parameters: BTreeMap::new(),
-        },
-        storage: StorageSpec {
-            size: "1Gi".into(),
-            storage_class_name: Some("local-path".into()),
-        },
-        resources: None,
-        scheduling: None,
-        bootstrap: None,
-        paused: false,
-    }
 }
 
 async fn create_cluster(ns: &TestNamespace, instances: i32) -> Result {
@@ -198,87 +140,6 @@ async fn read_through_the_conversion_webhook(ns: &TestNamespace) -> Result {
     .await?;
     assert_eq!(size, "3");
     Ok(())
-}
-
-/// A pod with psql, under the restricted level, its password from the
-/// cluster's credentials Secret.
-async fn start_client(ns: &TestNamespace) -> Result {
-    let secret = format!("{CLUSTER}-credentials");
-    let from_secret = |key: &str| json!({ "secretKeyRef": { "name": secret, "key": key } });
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": { "name": "client" },
-        "spec": {
-            "securityContext": {
-                "runAsNonRoot": true, "runAsUser": 999, "runAsGroup": 999,
-                "seccompProfile": { "type": "RuntimeDefault" }
-            },
-            "terminationGracePeriodSeconds": 0,
-            "containers": [{
-                "name": "psql",
-                "image": INSTANCE_IMAGE,
-                "imagePullPolicy": "Never",
-                "command": ["sleep", "infinity"],
-                "env": [
-                    { "name": "PGUSER", "valueFrom": from_secret("username") },
-                    { "name": "PGPASSWORD", "valueFrom": from_secret("password") },
-                    { "name": "PGDATABASE", "valueFrom": from_secret("database") },
-                    { "name": "PGCONNECT_TIMEOUT", "value": "5" }
-                ],
-                "securityContext": {
-                    "allowPrivilegeEscalation": false,
-                    "capabilities": { "drop": ["ALL"] }
-                }
-            }]
-        }
-    }))
-    .map_err(|e| Error::Setup(e.to_string()))?;
-    let pods = ns.api::<Pod>();
-    pods.create(&PostParams::default(), &pod).await?;
-    wait::for_object(&pods, "client", "Ready", Duration::from_secs(60), |p| {
-        wait::condition_status(p, "Ready").as_deref() == Some("True")
-    })
-    .await?;
-    Ok(())
-}
-
-/// Runs `sql` with psql in the client pod against Service `<cluster>-<service>`
-/// (by its DNS name); returns what it printed, unaligned and tuples only.
-async fn psql(ns: &TestNamespace, service: &str, sql: &str) -> Result<String> {
-    let host = format!("{CLUSTER}-{service}");
-    let out = cluster()
-        .kubectl(&[
-            "-n",
-            &ns.name,
-            "exec",
-            "client",
-            "--",
-            "psql",
-            "-h",
-            &host,
-            "-XAtq",
-            "-v",
-            "ON_ERROR_STOP=1",
-            "-c",
-            sql,
-        ])
-        .await?;
-    Ok(out.stdout.trim().to_owned())
-}
-
-/// Polls `sql` through `service` until it prints `expected`.
-async fn until_psql(ns: &TestNamespace, service: &str, sql: &str, expected: &str) -> Result {
-    wait::until(
-        &format!("`{sql}` through {CLUSTER}-{service} = {expected}"),
-        READY_TIMEOUT,
-        || async {
-            match psql(ns, service, sql).await {
-                Ok(out) if out == expected => Ok(Some(())),
-                Ok(out) => Err(out),
-                Err(e) => Err(e.to_string()),
-            }
-        },
-    )
-    .await
 }
 
 /// The replicas stream the primary's writes: every read through `-ro` (which
@@ -407,4 +268,13 @@ async fn deleted_pod_returns_with_its_data(ns: &TestNamespace) -> Result {
     .await?;
     until_psql(ns, "rw", "SELECT count(*) FROM orders", "150").await?;
     until_rows_on_replicas(ns, 150).await
+}
+
+/// psql through Service `<cluster>-<service>`.
+async fn psql(ns: &TestNamespace, service: &str, sql: &str) -> Result<String> {
+    cairn_e2e::real::psql(ns, &format!("{CLUSTER}-{service}"), sql).await
+}
+
+async fn until_psql(ns: &TestNamespace, service: &str, sql: &str, expected: &str) -> Result {
+    cairn_e2e::real::until_psql(ns, &format!("{CLUSTER}-{service}"), sql, expected).await
 }

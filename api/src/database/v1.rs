@@ -317,7 +317,9 @@ pub struct DatabaseClusterStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FailoverRecord {
+    /// The pod that was the primary.
     pub from: String,
+    /// The replica's pod that was promoted.
     pub to: String,
     /// Why the old primary was declared lost.
     pub reason: String,

@@ -10,11 +10,11 @@ use cairn_runtime::labels;
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector,
-    PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSecurityContext, PodSpec, PodTemplateSpec,
-    Probe, SeccompProfile, Secret, SecretVolumeSource, SecurityContext, Service, ServiceAccount,
-    ServicePort, ServiceSpec, TopologySpreadConstraint, Volume, VolumeMount,
-    VolumeResourceRequirements,
+    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
+    HTTPGetAction, ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile, Secret,
+    SecretVolumeSource, SecurityContext, Service, ServiceAccount, ServicePort, ServiceSpec,
+    TopologySpreadConstraint, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
@@ -664,8 +664,14 @@ mod tests {
         assert_eq!(
             granted,
             [
-                (vec!["pods".to_owned()], vec!["get".into(), "list".into(), "watch".into()]),
-                (vec!["leases".to_owned()], vec!["get".into(), "update".into(), "patch".into()]),
+                (
+                    vec!["pods".to_owned()],
+                    vec!["get".into(), "list".into(), "watch".into()]
+                ),
+                (
+                    vec!["leases".to_owned()],
+                    vec!["get".into(), "update".into(), "patch".into()]
+                ),
             ]
         );
         let binding = instance_role_binding(&cluster(&[]));

@@ -24,6 +24,7 @@ pub fn cluster(instances: i32, parameters: &[(&str, &str)]) -> DatabaseCluster {
             scheduling: None,
             bootstrap: None,
             paused: false,
+            failover: None,
         },
     );
     cluster.metadata.namespace = Some("shop".into());

@@ -7,6 +7,7 @@
 
 pub mod build;
 pub mod error;
+pub mod failover;
 #[cfg(test)]
 mod fixtures;
 pub mod metrics;

@@ -10,6 +10,7 @@ use cairn_database_controller::{MANAGER, build, webhook};
 use cairn_runtime::config::Config;
 use cairn_runtime::manager::{BuildInfo, Manager};
 use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
     ConfigMap, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
 };
@@ -65,7 +66,15 @@ async fn main() -> ExitCode {
     let role_bindings = manager.cache(manager.api::<RoleBinding>(), children.clone());
     let disruption_budgets = manager.cache(manager.api::<PodDisruptionBudget>(), children.clone());
     let pods = manager.cache(manager.api::<Pod>(), children.clone());
-    let claims = manager.cache(manager.api::<PersistentVolumeClaim>(), children);
+    let claims = manager.cache(manager.api::<PersistentVolumeClaim>(), children.clone());
+    let leases = manager.cache(manager.api::<Lease>(), children);
+    let metrics = match ClusterMetrics::register(&manager.metrics.registry) {
+        Ok(metrics) => metrics,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot register the cluster metrics");
+            return ExitCode::FAILURE;
+        }
+    };
 
     let context = Arc::new(Context {
         client: manager.client.clone(),
@@ -81,22 +90,20 @@ async fn main() -> ExitCode {
             disruption_budgets: disruption_budgets.store(),
             pods: pods.store(),
             claims: claims.store(),
+            leases: leases.store(),
         },
+        metrics: metrics.clone(),
+        not_serving_since: Default::default(),
     });
     let cluster_store = clusters.store();
-    match ClusterMetrics::register(&manager.metrics.registry) {
-        Ok(metrics) => {
-            let store = cluster_store.clone();
-            tokio::spawn(async move {
-                let mut every = tokio::time::interval(std::time::Duration::from_secs(10));
-                loop {
-                    every.tick().await;
-                    metrics.refresh(&store.state());
-                }
-            });
+    let store = cluster_store.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(std::time::Duration::from_secs(10));
+        loop {
+            every.tick().await;
+            metrics.refresh(&store.state());
         }
-        Err(e) => tracing::error!(error = %e, "cannot register the cluster metrics"),
-    }
+    });
     let controller =
         Controller::for_shared_stream(clusters.trigger_on_spec_change(), cluster_store)
             .owns_shared_stream(stateful_sets.trigger())
@@ -107,6 +114,9 @@ async fn main() -> ExitCode {
             .owns_shared_stream(roles.trigger())
             .owns_shared_stream(role_bindings.trigger())
             .owns_shared_stream(disruption_budgets.trigger())
+            // Every heartbeat: a reconcile that reads caches and writes nothing
+            // unless a member's state changed.
+            .owns_shared_stream(leases.trigger())
             // Pods belong to the StatefulSet; their cluster is in their labels.
             .watches_shared_stream(pods.trigger(), |pod| {
                 let namespace = pod.namespace()?;

@@ -1,11 +1,12 @@
 //! The database controller's own metrics, beyond the runtime's: how many
-//! clusters are in each phase, and instances desired against ready. Totals
-//! only: a label per cluster would grow without bound.
+//! clusters are in each phase, instances desired against ready, failovers and
+//! how long they took. Totals only: a label per cluster would grow without
+//! bound.
 
 use std::sync::Arc;
 
 use cairn_api::database::v1::{DatabaseCluster, DatabaseClusterPhase};
-use prometheus::{IntGaugeVec, Opts, Registry};
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntGaugeVec, Opts, Registry};
 
 const PHASES: [DatabaseClusterPhase; 7] = [
     DatabaseClusterPhase::Creating,
@@ -21,6 +22,10 @@ const PHASES: [DatabaseClusterPhase; 7] = [
 pub struct ClusterMetrics {
     clusters: IntGaugeVec,
     instances: IntGaugeVec,
+    /// Automated failovers (a replica promoted after its primary was lost).
+    pub failovers: IntCounter,
+    /// From the lost primary's last heartbeat to the new primary serving.
+    pub failover_seconds: Histogram,
 }
 
 impl ClusterMetrics {
@@ -42,9 +47,22 @@ impl ClusterMetrics {
                 ),
                 &["state"],
             )?,
+            failovers: IntCounter::new(
+                "database_failovers_total",
+                "Automated failovers: replicas promoted after their primary was lost.",
+            )?,
+            failover_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "database_failover_duration_seconds",
+                    "From the lost primary's last heartbeat to the promoted replica serving writes.",
+                )
+                .buckets(vec![2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 120.0, 300.0]),
+            )?,
         };
         registry.register(Box::new(metrics.clusters.clone()))?;
         registry.register(Box::new(metrics.instances.clone()))?;
+        registry.register(Box::new(metrics.failovers.clone()))?;
+        registry.register(Box::new(metrics.failover_seconds.clone()))?;
         Ok(metrics)
     }
 

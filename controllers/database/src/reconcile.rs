@@ -2,15 +2,18 @@
 //! Reads come from the caches; a write happens only where the cache differs
 //! from the desired state, so an unchanged cluster costs no request at all.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use cairn_api::backup::v1::{Backup, BackupPhase};
-use cairn_api::database::v1::{DatabaseCluster, DatabaseClusterStatus};
+use cairn_api::database::instance::{BOOTSTRAP_ANNOTATION, BOOTSTRAP_INITDB, FENCED_ANNOTATION};
+use cairn_api::database::v1::{DatabaseCluster, DatabaseClusterStatus, FailoverRecord};
 use cairn_api::validate;
 use cairn_runtime::apply::apply;
 use cairn_runtime::conditions::Time;
 use cairn_runtime::events;
 use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
     ConfigMap, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
 };
@@ -20,7 +23,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::Recorder;
+use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::Serialize;
@@ -30,6 +33,8 @@ use serde_json::json;
 use crate::MANAGER;
 use crate::build::{self, Names, ROLE_LABEL, ROLE_PRIMARY, ROLE_REPLICA};
 use crate::error::Error;
+use crate::failover::{self, Decision, Member, Policy};
+use crate::metrics::ClusterMetrics;
 use crate::status::{self, DEGRADED, Instances, PROGRESSING, READY};
 
 /// What every reconcile reads from and writes with.
@@ -37,6 +42,11 @@ pub struct Context {
     pub client: Client,
     pub recorder: Recorder,
     pub caches: Caches,
+    pub metrics: ClusterMetrics,
+    /// Since when each cluster's primary (`namespace/name` → pod) has been
+    /// seen not serving: this process's clock, so a restart of the controller
+    /// can only delay a failover, never hasten one.
+    pub not_serving_since: Mutex<HashMap<String, (String, Instant)>>,
 }
 
 /// The controller's caches of the children it owns.
@@ -51,6 +61,7 @@ pub struct Caches {
     pub disruption_budgets: Store<PodDisruptionBudget>,
     pub pods: Store<Pod>,
     pub claims: Store<PersistentVolumeClaim>,
+    pub leases: Store<Lease>,
 }
 
 pub async fn reconcile(cluster: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -69,78 +80,247 @@ pub async fn reconcile(cluster: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Resu
         write_status(&ctx, &cluster, status::invalid(&cluster, &message, &now)).await?;
         return Err(Error::InvalidSpec(message));
     }
-    if let Err((reason, message)) = bootstrap_source(&ctx, &cluster).await? {
-        write_status(
-            &ctx,
+    if let Some(message) = unsupported_bootstrap(&cluster) {
+        let refused = status::refused(
             &cluster,
-            status::waiting(&cluster, reason, &message, &now),
-        )
-        .await?;
-        return Err(Error::DependencyNotReady(message));
+            status::reason::RESTORE_NOT_SUPPORTED,
+            &message,
+            &now,
+        );
+        write_status(&ctx, &cluster, refused).await?;
+        return Ok(Action::await_change());
     }
     if cluster.spec.paused {
         write_status(&ctx, &cluster, status::paused(&cluster, &now)).await?;
         return Ok(Action::await_change());
     }
     let stateful_set = apply_children(&ctx, &cluster).await?;
-    let primary = primary(&cluster);
-    label_roles(&ctx, &cluster, &primary).await?;
+    let members = members(&ctx, &cluster);
+    let mut primary = primary(&cluster);
+    let mut last_failover = cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.last_failover.clone());
+    let mut waiting = None;
+    let recheck = match decide(&ctx, &cluster, &primary, &members, now.0) {
+        Decision::Keep { recheck } => recheck,
+        Decision::Wait { reason, recheck } => {
+            waiting = Some(reason);
+            recheck
+        }
+        Decision::Promote {
+            to,
+            reason,
+            primary_last_seen,
+        } => {
+            let record = FailoverRecord {
+                from: primary.clone(),
+                to: to.clone(),
+                reason,
+                primary_last_seen: Time(primary_last_seen),
+                promoted_at: now.clone(),
+                completed_at: None,
+            };
+            if promote(&ctx, &cluster, &members, &record).await? {
+                primary = to;
+                last_failover = Some(record);
+            }
+            Duration::from_secs(1)
+        }
+    };
+    let initialized = is_initialized(&cluster, &primary, &members);
+    label_roles(&ctx, &cluster, &primary, initialized).await?;
     let blocked_storage = grow_storage(&ctx, &cluster).await?;
     let instances = Instances::of(Some(&stateful_set));
     let mut observed = status::observe(&cluster, instances, &primary, &now);
+    observed.initialized = initialized;
+    observed.postgres_version = members
+        .iter()
+        .find(|m| m.pod == primary)
+        .and_then(|m| m.observed.server_version.clone())
+        .or(observed.postgres_version);
+    if let Some(record) = last_failover.as_mut()
+        && record.completed_at.is_none()
+        && members
+            .iter()
+            .any(|m| m.pod == record.to && m.serves_as_primary())
+    {
+        record.completed_at = Some(now.clone());
+        let took = now.0.duration_since(record.primary_last_seen.0);
+        ctx.metrics
+            .failover_seconds
+            .observe(took.as_secs_f64().max(0.0));
+    }
+    status::failover(&mut observed, &cluster, last_failover, waiting, &now);
     if let Some(class) = blocked_storage {
         status::storage_not_expandable(&mut observed, &cluster, &class, &now);
     }
     write_status(&ctx, &cluster, observed).await?;
-    Ok(Action::await_change())
+    // Heartbeats trigger reconciles; silence does not, hence the recheck.
+    Ok(if initialized {
+        Action::requeue(recheck)
+    } else {
+        Action::await_change()
+    })
 }
 
-/// Whether the Backup a new cluster restores from is there and complete;
-/// otherwise the reason and message to report. Checked only until the
-/// cluster has instances: afterwards the backup has done its work.
-async fn bootstrap_source(
+/// `bootstrap.fromBackup` cannot be honoured yet: running initdb instead
+/// would report an empty database as the restored one.
+fn unsupported_bootstrap(cluster: &DatabaseCluster) -> Option<String> {
+    let source = cluster.spec.bootstrap.as_ref()?.from_backup.as_ref()?;
+    Some(format!(
+        "spec.bootstrap.fromBackup ({:?}): restoring from a Backup is not supported yet, and \
+         Cairn never starts an empty database in its place, so nothing was created. Delete \
+         this cluster, or create it with bootstrap.initdb",
+        source.name
+    ))
+}
+
+/// The cluster's members, from their Leases.
+fn members(ctx: &Context, cluster: &DatabaseCluster) -> Vec<Member> {
+    let namespace = cluster.namespace().unwrap_or_default();
+    let name = cluster.name_any();
+    let mut members: Vec<Member> = ctx
+        .caches
+        .leases
+        .state_filter(|lease| {
+            let labels = lease.labels();
+            lease.namespace().as_deref() == Some(namespace.as_str())
+                && labels.get("app.kubernetes.io/instance") == Some(&name)
+                && labels
+                    .get("app.kubernetes.io/component")
+                    .map(String::as_str)
+                    == Some("membership")
+        })
+        .iter()
+        .map(|lease| Member::from_lease(lease))
+        .collect();
+    members.sort_by(|a, b| a.pod.cmp(&b.pod));
+    members
+}
+
+/// Initialised: once a primary has served, and for ever after.
+fn is_initialized(cluster: &DatabaseCluster, primary: &str, members: &[Member]) -> bool {
+    cluster.status.as_ref().is_some_and(|s| s.initialized)
+        || members
+            .iter()
+            .any(|m| m.pod == primary && m.serves_as_primary())
+}
+
+/// What to do about the primary. Nothing before the cluster was initialised:
+/// there is no data yet that a replica could hold.
+fn decide(
     ctx: &Context,
     cluster: &DatabaseCluster,
-) -> Result<Result<(), (&'static str, String)>, Error> {
-    let Some(source) = cluster
-        .spec
-        .bootstrap
-        .as_ref()
-        .and_then(|b| b.from_backup.as_ref())
-    else {
-        return Ok(Ok(()));
-    };
-    let namespace = cluster.namespace().unwrap_or_default();
-    if ctx
-        .caches
-        .stateful_sets
-        .get(&ObjectRef::new(&cluster.name_any()).within(&namespace))
-        .is_some()
-    {
-        return Ok(Ok(()));
-    }
-    let backups = Api::<Backup>::namespaced(ctx.client.clone(), &namespace);
-    Ok(match backups.get_opt(&source.name).await? {
-        None => Err((
-            status::reason::BACKUP_NOT_FOUND,
-            format!(
-                "spec.bootstrap.fromBackup: Backup {:?} does not exist in {namespace}",
-                source.name
-            ),
-        )),
-        Some(backup)
-            if backup.status.as_ref().and_then(|s| s.phase) != Some(BackupPhase::Completed) =>
-        {
-            Err((
-                status::reason::BACKUP_NOT_COMPLETED,
-                format!(
-                    "spec.bootstrap.fromBackup: Backup {:?} has not completed",
-                    source.name
-                ),
-            ))
+    primary: &str,
+    members: &[Member],
+    now: Timestamp,
+) -> Decision {
+    let key = format!(
+        "{}/{}",
+        cluster.namespace().unwrap_or_default(),
+        cluster.name_any()
+    );
+    let serving = members
+        .iter()
+        .any(|m| m.pod == primary && m.serves_as_primary());
+    let not_serving_for = {
+        let mut since = ctx
+            .not_serving_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if serving {
+            since.remove(&key);
+            None
+        } else {
+            let entry = since
+                .entry(key)
+                .or_insert_with(|| (primary.to_owned(), Instant::now()));
+            if entry.0 != primary {
+                *entry = (primary.to_owned(), Instant::now());
+            }
+            Some(entry.1.elapsed())
         }
-        Some(_) => Ok(()),
-    })
+    };
+    if !cluster.status.as_ref().is_some_and(|s| s.initialized) {
+        return Decision::Keep {
+            recheck: Duration::from_secs(10),
+        };
+    }
+    let spec = cluster.spec.failover.clone().unwrap_or_default();
+    let policy = Policy {
+        delay: Duration::from_secs(u64::try_from(spec.delay_seconds).unwrap_or(10)),
+        max_lag_bytes: spec.max_lag_bytes.and_then(|b| u64::try_from(b).ok()),
+    };
+    failover::decide(primary, members, not_serving_for, policy, now)
+}
+
+/// Deposes the old primary and records the new one, in that order, before
+/// any label moves. Deposing is a write to the old primary's Lease
+/// conditional on the version that showed it lost: if it renewed since, the
+/// write fails and nothing is promoted. Returns whether it promoted.
+async fn promote(
+    ctx: &Context,
+    cluster: &DatabaseCluster,
+    members: &[Member],
+    record: &FailoverRecord,
+) -> Result<bool, Error> {
+    let namespace = cluster.namespace().unwrap_or_default();
+    let leases = Api::<Lease>::namespaced(ctx.client.clone(), &namespace);
+    if let Some(lease) = leases.get_opt(&record.from).await? {
+        let fresh = Member::from_lease(&lease);
+        let cached = members.iter().find(|m| m.pod == record.from);
+        if cached.is_some_and(|m| m.last_seen != fresh.last_seen) && fresh.serves_as_primary() {
+            tracing::info!(primary = %record.from, "the primary renewed its heartbeat: no failover");
+            return Ok(false);
+        }
+        let fence = json!({ "metadata": {
+            "resourceVersion": lease.resource_version(),
+            "annotations": { FENCED_ANNOTATION: "true" },
+        }});
+        match leases
+            .patch(&record.from, &PatchParams::default(), &Patch::Merge(&fence))
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                tracing::info!(primary = %record.from, "the primary's Lease changed while deposing it: deciding again");
+                return Ok(false);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if members.iter().any(|m| m.pod == record.to && m.fenced) {
+        let unfence = json!({ "metadata": { "annotations": { FENCED_ANNOTATION: null } } });
+        leases
+            .patch(&record.to, &PatchParams::default(), &Patch::Merge(&unfence))
+            .await?;
+    }
+    let clusters = Api::<DatabaseCluster>::namespaced(ctx.client.clone(), &namespace);
+    let decided = json!({ "status": { "currentPrimary": record.to, "lastFailover": record } });
+    clusters
+        .patch_status(
+            &cluster.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&decided),
+        )
+        .await?;
+    ctx.metrics.failovers.inc();
+    tracing::warn!(from = %record.from, to = %record.to, reason = %record.reason, "primary lost: promoting a replica");
+    let event = Event {
+        type_: EventType::Warning,
+        reason: "FailedOver".to_owned(),
+        note: Some(format!(
+            "primary {} lost ({}): promoted {}",
+            record.from, record.reason, record.to
+        )),
+        action: "Promote".to_owned(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &cluster.object_ref(&())).await {
+        tracing::warn!(error = %e, "could not publish an Event");
+    }
+    Ok(true)
 }
 
 /// The pod running the primary: the one recorded in the status, or ordinal 0
@@ -190,6 +370,9 @@ async fn apply_children(ctx: &Context, cluster: &DatabaseCluster) -> Result<Stat
         build::disruption_budget(cluster),
     )
     .await?;
+    for lease in build::member_leases(cluster) {
+        apply_child(ctx, cluster, &caches.leases, lease).await?;
+    }
     let namespace = cluster.namespace().unwrap_or_default();
     let existing = caches
         .stateful_sets
@@ -296,25 +479,44 @@ async fn ensure_credentials(ctx: &Context, cluster: &DatabaseCluster) -> Result<
     }
 }
 
-/// Sets the role label on each instance pod, where it differs.
-async fn label_roles(ctx: &Context, cluster: &DatabaseCluster, primary: &str) -> Result<(), Error> {
+/// Sets the role label on each instance pod where it differs, replicas
+/// first (so `-rw` never selects two pods), and the bootstrap annotation on
+/// the primary of a cluster not yet initialised (removed once it is).
+async fn label_roles(
+    ctx: &Context,
+    cluster: &DatabaseCluster,
+    primary: &str,
+    initialized: bool,
+) -> Result<(), Error> {
     let namespace = cluster.namespace().unwrap_or_default();
     let name = cluster.name_any();
     let api = Api::<Pod>::namespaced(ctx.client.clone(), &namespace);
-    let pods = ctx.caches.pods.state_filter(|pod| {
+    let mut pods = ctx.caches.pods.state_filter(|pod| {
         pod.namespace().as_deref() == Some(namespace.as_str())
             && pod.labels().get("app.kubernetes.io/instance") == Some(&name)
     });
+    pods.sort_by_key(|pod| pod.name_any() == primary);
     for pod in pods {
-        let role = if pod.name_any() == primary {
+        let is_primary = pod.name_any() == primary;
+        let role = if is_primary {
             ROLE_PRIMARY
         } else {
             ROLE_REPLICA
         };
-        if pod.labels().get(ROLE_LABEL).map(String::as_str) == Some(role) {
+        let bootstrap = (is_primary && !initialized).then_some(BOOTSTRAP_INITDB);
+        if pod.labels().get(ROLE_LABEL).map(String::as_str) == Some(role)
+            && pod
+                .annotations()
+                .get(BOOTSTRAP_ANNOTATION)
+                .map(String::as_str)
+                == bootstrap
+        {
             continue;
         }
-        let patch = json!({ "metadata": { "labels": { ROLE_LABEL: role } } });
+        let patch = json!({ "metadata": {
+            "labels": { ROLE_LABEL: role },
+            "annotations": { BOOTSTRAP_ANNOTATION: bootstrap },
+        }});
         api.patch(
             &pod.name_any(),
             &PatchParams::default(),

@@ -1,7 +1,7 @@
 //! The status a cluster reports, derived from what its children show (pure).
 
 use cairn_api::database::v1::{
-    DatabaseCluster, DatabaseClusterPhase, DatabaseClusterStatus, Endpoints,
+    DatabaseCluster, DatabaseClusterPhase, DatabaseClusterStatus, Endpoints, FailoverRecord,
 };
 use cairn_runtime::conditions::{self, Condition, Time};
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -26,8 +26,9 @@ pub mod reason {
     pub const HEALTHY: &str = "Healthy";
     pub const INVALID_SPEC: &str = "InvalidSpec";
     pub const PAUSED: &str = "Paused";
-    pub const BACKUP_NOT_FOUND: &str = "BackupNotFound";
-    pub const BACKUP_NOT_COMPLETED: &str = "BackupNotCompleted";
+    pub const RESTORE_NOT_SUPPORTED: &str = "RestoreNotSupported";
+    pub const FAILING_OVER: &str = "FailingOver";
+    pub const FAILOVER_BLOCKED: &str = "FailoverBlocked";
     pub const STORAGE_EXPANSION_NOT_SUPPORTED: &str = "StorageExpansionNotSupported";
 }
 
@@ -178,9 +179,9 @@ pub fn storage_not_expandable(
     );
 }
 
-/// The status of a cluster waiting for something it needs (`reason` says
-/// what); nothing is created until it is there.
-pub fn waiting(
+/// The status of a cluster the controller refuses to create (`reason` says
+/// why): nothing is created, and nothing will be until the spec changes.
+pub fn refused(
     cluster: &DatabaseCluster,
     reason: &str,
     message: &str,
@@ -188,16 +189,45 @@ pub fn waiting(
 ) -> DatabaseClusterStatus {
     let mut status = base(cluster);
     let generation = cluster.metadata.generation;
-    conditions::set(
-        &mut status.conditions,
-        conditions::new(READY, false, reason, message, generation, now.clone()),
-    );
-    conditions::set(
-        &mut status.conditions,
-        conditions::new(PROGRESSING, true, reason, message, generation, now.clone()),
-    );
-    status.phase = Some(DatabaseClusterPhase::Creating);
+    for type_ in [READY, PROGRESSING] {
+        conditions::set(
+            &mut status.conditions,
+            conditions::new(type_, false, reason, message, generation, now.clone()),
+        );
+    }
+    status.phase = Some(DatabaseClusterPhase::Failed);
     status
+}
+
+/// Records the last failover, and while one is under way (or cannot be
+/// done: `blocked` says why) says so in `Degraded` and `Progressing`.
+pub fn failover(
+    status: &mut DatabaseClusterStatus,
+    cluster: &DatabaseCluster,
+    last: Option<FailoverRecord>,
+    blocked: Option<String>,
+    now: &Time,
+) {
+    let generation = cluster.metadata.generation;
+    let under_way = last.as_ref().filter(|r| r.completed_at.is_none()).map(|r| {
+        format!(
+            "primary {} lost ({}): {} promoted, not serving yet",
+            r.from, r.reason, r.to
+        )
+    });
+    status.last_failover = last;
+    let (reason, message) = match (blocked, under_way) {
+        (Some(blocked), _) => (reason::FAILOVER_BLOCKED, blocked),
+        (None, Some(under_way)) => (reason::FAILING_OVER, under_way),
+        (None, None) => return,
+    };
+    for (type_, value) in [(DEGRADED, true), (PROGRESSING, true), (READY, false)] {
+        conditions::set(
+            &mut status.conditions,
+            conditions::new(type_, value, reason, &message, generation, now.clone()),
+        );
+    }
+    status.phase = Some(DatabaseClusterPhase::Degraded);
 }
 
 /// The status of a paused cluster: conditions say so, nothing else changes.
@@ -226,7 +256,6 @@ fn base(cluster: &DatabaseCluster) -> DatabaseClusterStatus {
     status.observed_generation = cluster.metadata.generation;
     status.selector = Some(build::selector_string(cluster));
     status.credentials_secret = Some(names.credentials.clone());
-    status.postgres_version = Some(cluster.spec.postgres.version.clone());
     status.endpoints = Some(Endpoints {
         read_write: Some(format!(
             "{}.{namespace}.svc:{}",

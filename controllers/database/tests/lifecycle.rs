@@ -8,6 +8,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use cairn_api::backup::v1::Backup;
 use cairn_api::database::v1::DatabaseCluster;
 use cairn_database_controller::build::{RESTART_DIGEST_ANNOTATION, ROLE_LABEL};
 use cairn_testing::{Error, TestNamespace, cluster, wait};
@@ -18,7 +19,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
@@ -550,29 +551,62 @@ async fn clusters_that_cannot_proceed_say_why() -> Result<(), Error> {
     .await?;
     until_ready(&clusters, "held", 1).await?;
 
-    // Restoring from a Backup that does not exist: nothing is created.
+    // Restoring from a Backup, even a completed one, is refused until
+    // restores exist: running initdb instead would report an empty database
+    // as the restored one. Nothing is created.
     let backup_crds = cairn_api::crds::for_chart("cairn-backup-controller");
     cairn_testing::crds::install(&namespace.client, &backup_crds).await?;
+    let backups = namespace.api::<Backup>();
+    let backup: Backup = serde_json::from_value(json!({
+        "apiVersion": "backup.cairn.dev/v1", "kind": "Backup",
+        "metadata": { "name": "nightly" },
+        "spec": { "cluster": { "name": "held" }, "method": "physical",
+                  "destination": { "s3": { "bucket": "backups", "credentialsSecret": { "name": "s3" } } } },
+    }))
+    .map_err(|e| Error::Setup(e.to_string()))?;
+    backups.create(&PostParams::default(), &backup).await?;
+    backups
+        .patch_status(
+            "nightly",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": { "phase": "Completed" } })),
+        )
+        .await?;
     let mut restored = support::database_cluster("restored", 1);
     restored.spec.bootstrap =
         serde_json::from_value(json!({ "fromBackup": { "name": "nightly" } }))
             .map_err(|e| Error::Setup(e.to_string()))?;
     support::create(&clusters, &restored).await?;
-    let waiting = support::until_condition(&clusters, "restored", "Ready", "False", LONG).await?;
-    let ready = waiting
+    let refused = support::until_condition(&clusters, "restored", "Ready", "False", LONG).await?;
+    let ready = refused
         .status
         .as_ref()
         .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
         .cloned()
         .expect("Ready set");
-    assert_eq!(ready.reason, "BackupNotFound");
+    assert_eq!(ready.reason, "RestoreNotSupported");
     assert!(ready.message.contains("\"nightly\""), "{}", ready.message);
+    assert!(
+        ready.message.contains("nothing was created"),
+        "{}",
+        ready.message
+    );
+    let owned_by_restored = |meta: &kube::api::ObjectMeta| {
+        meta.owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.name == "restored")
+    };
     assert!(
         namespace
             .api::<StatefulSet>()
             .get_opt("restored")
             .await?
-            .is_none()
+            .is_none(),
+        "no StatefulSet for a refused restore"
     );
+    for secret in namespace.api::<Secret>().list(&Default::default()).await? {
+        assert!(!owned_by_restored(&secret.metadata), "no Secret either");
+    }
     Ok(())
 }

@@ -188,6 +188,33 @@ impl LocalCluster {
         run_script(&["start-apiserver", &self.state_dir.to_string_lossy()]).map(drop)
     }
 
+    /// Freezes real node `node` (1-based) as a machine that stopped would be:
+    /// its kubelet, containerd and every container stop running, nothing is
+    /// deleted, and the API server only sees its heartbeats cease.
+    pub fn stop_node(&self, node: u32) -> Result<(), Error> {
+        run_script(&[
+            "stop-node",
+            &self.state_dir.to_string_lossy(),
+            &node.to_string(),
+        ])
+        .map(drop)
+    }
+
+    /// Lets a node frozen by [`Self::stop_node`] run again.
+    pub fn start_node(&self, node: u32) -> Result<(), Error> {
+        run_script(&[
+            "start-node",
+            &self.state_dir.to_string_lossy(),
+            &node.to_string(),
+        ])
+        .map(drop)
+    }
+
+    /// The number (1-based) of the real node a node name denotes.
+    pub fn real_node_number(node_name: &str) -> Option<u32> {
+        node_name.strip_prefix("cairn-node-")?.parse().ok()
+    }
+
     /// The folder with the pinned kubectl, helm and control plane binaries.
     pub fn bin_dir(&self) -> &Path {
         &self.bin_dir

@@ -95,6 +95,7 @@ pub fn database_cluster(name: &str, instances: i32) -> DatabaseCluster {
             scheduling: None,
             bootstrap: None,
             paused: false,
+            failover: None,
         },
     )
 }

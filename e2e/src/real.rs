@@ -1,0 +1,167 @@
+//! What the suites on real nodes share: a namespace under restricted Pod
+//! Security, the database controller installed by its chart, and a client pod
+//! running psql against a cluster's Services.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use cairn_api::database::v1::{DatabaseClusterSpec, PostgresSpec, StorageSpec};
+use cairn_testing::{Error, TestNamespace, cluster, wait};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use serde_json::json;
+
+type Result<T = ()> = std::result::Result<T, Error>;
+
+pub const CHART: &str = "cairn-database-controller";
+/// Built by `hack/images.sh workspace` and imported into every node.
+pub const INSTANCE_IMAGE: &str = "ghcr.io/cairn-dev/postgres:15";
+pub const READY_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// Pods of `ns` must pass the restricted Pod Security level.
+pub async fn enforce_restricted_pod_security(ns: &TestNamespace) -> Result {
+    Api::<Namespace>::all(ns.client.clone())
+        .patch(
+            &ns.name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "labels": {
+                "pod-security.kubernetes.io/enforce": "restricted",
+                "pod-security.kubernetes.io/enforce-version": "latest",
+            } } })),
+        )
+        .await?;
+    Ok(())
+}
+
+/// `helm install`, watching this namespace, its images never pulled; returns
+/// once both replicas are available. The release is named after the
+/// namespace: its ClusterRole is cluster-scoped.
+pub async fn install_controller(ns: &TestNamespace) -> Result {
+    let watch = format!("watchNamespace={}", ns.name);
+    cluster()
+        .helm_install(
+            CHART,
+            &ns.name,
+            &ns.name,
+            &["--set", &watch, "--set", "image.pullPolicy=Never"],
+        )
+        .await?;
+    wait::for_object(
+        &ns.api::<Deployment>(),
+        &format!("{}-{CHART}", ns.name),
+        "2 available replicas",
+        Duration::from_secs(60),
+        |d| d.status.as_ref().and_then(|s| s.available_replicas) == Some(2),
+    )
+    .await?;
+    Ok(())
+}
+
+/// PostgreSQL 15 from the workspace image, on local-path volumes.
+pub fn cluster_spec(instances: i32) -> DatabaseClusterSpec {
+    DatabaseClusterSpec {
+        instances,
+        postgres: PostgresSpec {
+            version: "15".into(),
+            image: Some(INSTANCE_IMAGE.into()),
+            parameters: BTreeMap::new(),
+        },
+        storage: StorageSpec {
+            size: "1Gi".into(),
+            storage_class_name: Some("local-path".into()),
+        },
+        resources: None,
+        scheduling: None,
+        bootstrap: None,
+        paused: false,
+        failover: None,
+    }
+}
+
+/// A pod `client` with psql, under the restricted level, logged in as the
+/// application's owner from `database`'s credentials Secret.
+pub async fn start_client(ns: &TestNamespace, database: &str) -> Result {
+    start_client_on(ns, database, None).await
+}
+
+/// [`start_client`] on node `node` (bypassing the scheduler) if given.
+pub async fn start_client_on(ns: &TestNamespace, database: &str, node: Option<&str>) -> Result {
+    let secret = format!("{database}-credentials");
+    let from_secret = |key: &str| json!({ "secretKeyRef": { "name": secret, "key": key } });
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": { "name": "client" },
+        "spec": {
+            "securityContext": {
+                "runAsNonRoot": true, "runAsUser": 999, "runAsGroup": 999,
+                "seccompProfile": { "type": "RuntimeDefault" }
+            },
+            "terminationGracePeriodSeconds": 0,
+            "nodeName": node,
+            "containers": [{
+                "name": "psql",
+                "image": INSTANCE_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": ["sleep", "infinity"],
+                "env": [
+                    { "name": "PGUSER", "valueFrom": from_secret("username") },
+                    { "name": "PGPASSWORD", "valueFrom": from_secret("password") },
+                    { "name": "PGDATABASE", "valueFrom": from_secret("database") },
+                    { "name": "PGCONNECT_TIMEOUT", "value": "5" }
+                ],
+                "securityContext": {
+                    "allowPrivilegeEscalation": false,
+                    "capabilities": { "drop": ["ALL"] }
+                }
+            }]
+        }
+    }))
+    .map_err(|e| Error::Setup(e.to_string()))?;
+    let pods = ns.api::<Pod>();
+    pods.create(&PostParams::default(), &pod).await?;
+    wait::for_object(&pods, "client", "Ready", Duration::from_secs(60), |p| {
+        wait::condition_status(p, "Ready").as_deref() == Some("True")
+    })
+    .await?;
+    Ok(())
+}
+
+/// Runs `sql` with psql in the client pod against `host` (a Service or pod
+/// DNS name); returns what it printed, unaligned and tuples only.
+pub async fn psql(ns: &TestNamespace, host: &str, sql: &str) -> Result<String> {
+    let out = cluster()
+        .kubectl(&[
+            "-n",
+            &ns.name,
+            "exec",
+            "client",
+            "--",
+            "psql",
+            "-h",
+            host,
+            "-XAtq",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-c",
+            sql,
+        ])
+        .await?;
+    Ok(out.stdout.trim().to_owned())
+}
+
+/// Polls `sql` against `host` until it prints `expected`.
+pub async fn until_psql(ns: &TestNamespace, host: &str, sql: &str, expected: &str) -> Result {
+    wait::until(
+        &format!("`{sql}` on {host} = {expected}"),
+        READY_TIMEOUT,
+        || async {
+            match psql(ns, host, sql).await {
+                Ok(out) if out == expected => Ok(Some(())),
+                Ok(out) => Err(out),
+                Err(e) => Err(e.to_string()),
+            }
+        },
+    )
+    .await
+}

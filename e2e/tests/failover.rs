@@ -1,0 +1,319 @@
+//! Automated failover on the real nodes, with the controller installed by its
+//! chart: the primary's node stops (kubelet and containers frozen, nothing
+//! deleted) while a client pod commits rows through `<name>-rw` in a loop. A
+//! replica is promoted, `-rw` follows it, writes resume; when the node
+//! returns, the old primary rejoins as a replica, and it never acknowledged a
+//! write the new timeline lost.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use cairn_api::database::instance::ROLE_LABEL;
+use cairn_api::database::v1::DatabaseCluster;
+use cairn_e2e::real::{
+    READY_TIMEOUT, cluster_spec, enforce_restricted_pod_security, install_controller, psql,
+    start_client_on, until_psql,
+};
+use cairn_testing::{Error, LocalCluster, TestNamespace, cluster, wait};
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::PostParams;
+
+type Result<T = ()> = std::result::Result<T, Error>;
+
+const CLUSTER: &str = "ledger";
+const RW: &str = "ledger-rw";
+
+#[tokio::test]
+async fn a_stopped_primary_node_fails_over_and_the_old_primary_rejoins() -> Result {
+    let ns = cluster().namespace_on_real_nodes("failover").await?;
+    enforce_restricted_pod_security(&ns).await?;
+    install_controller(&ns).await?;
+    let clusters = ns.api::<DatabaseCluster>();
+    clusters
+        .create(
+            &PostParams::default(),
+            &DatabaseCluster::new(CLUSTER, cluster_spec(3)),
+        )
+        .await?;
+    until_ready(&clusters, |_| true).await?;
+    let old_primary = current_primary(&clusters).await?;
+    let node = node_of(&ns, &old_primary).await?;
+    let other_node = other_real_node(&ns, &node).await?;
+    start_client_on(&ns, CLUSTER, Some(&other_node)).await?;
+    psql(&ns, RW, "CREATE TABLE ticks (id bigint PRIMARY KEY)").await?;
+    start_writer(&ns).await?;
+    until_acknowledged(&ns, 20).await?;
+
+    let number = LocalCluster::real_node_number(&node)
+        .ok_or_else(|| Error::Setup(format!("{old_primary} is on {node}, not a real node")))?;
+    let frozen_at = unix_now();
+    let frozen = Instant::now();
+    cluster().stop_node(number)?;
+    let result = failover_and_rejoin(&ns, &clusters, &old_primary, number, frozen).await;
+    // The node runs again whatever happened, for the suites after this one.
+    cluster().start_node(number)?;
+    result?;
+
+    stop_writer(&ns).await?;
+    let writes = writes(&ns).await?;
+    let present: BTreeSet<u64> = psql(&ns, RW, "SELECT id FROM ticks")
+        .await?
+        .lines()
+        .filter_map(|l| l.parse().ok())
+        .collect();
+    let acknowledged: Vec<&Write> = writes.iter().filter(|w| w.ok).collect();
+    let missing: Vec<&&Write> = acknowledged
+        .iter()
+        .filter(|w| !present.contains(&w.id))
+        .collect();
+    let first_after = writes
+        .iter()
+        .find(|w| w.ok && w.at > frozen_at)
+        .map(|w| w.at - frozen_at);
+    eprintln!(
+        "failover: {} writes acknowledged, {} present, {} missing (asynchronous replication); \
+         node stopped → first acknowledged write {:.1} s",
+        acknowledged.len(),
+        present.len(),
+        missing.len(),
+        first_after.unwrap_or(f64::NAN)
+    );
+    // Only a write acknowledged by the old primary before its node stopped
+    // may be missing (it had not reached a replica); one acknowledged later
+    // would mean two primaries took writes.
+    for write in &missing {
+        assert!(
+            write.at < frozen_at,
+            "row {} acknowledged {:.1} s after the node stopped is missing",
+            write.id,
+            write.at - frozen_at
+        );
+    }
+    assert!(
+        first_after.is_some(),
+        "no write succeeded after the failover"
+    );
+    // The rejoined old primary replays the new primary's timeline: every row.
+    let count = psql(&ns, RW, "SELECT count(*) FROM ticks").await?;
+    let old_host = format!("{old_primary}.{CLUSTER}");
+    until_psql(&ns, &old_host, "SELECT count(*) FROM ticks", &count).await?;
+    Ok(())
+}
+
+/// Waits for the promotion and the moved `-rw`, then lets the node return and
+/// waits for the old primary to be a ready replica again.
+async fn failover_and_rejoin(
+    ns: &TestNamespace,
+    clusters: &Api<DatabaseCluster>,
+    old_primary: &str,
+    node: u32,
+    frozen: Instant,
+) -> Result {
+    let promoted = wait::for_object(clusters, CLUSTER, "another primary", READY_TIMEOUT, |c| {
+        c.status
+            .as_ref()
+            .and_then(|s| s.current_primary.as_deref())
+            .is_some_and(|p| p != old_primary)
+    })
+    .await?;
+    let new_primary = promoted
+        .status
+        .as_ref()
+        .and_then(|s| s.current_primary.clone())
+        .unwrap_or_default();
+    eprintln!(
+        "failover: {new_primary} promoted {:.1} s after the node of {old_primary} stopped ({:?})",
+        frozen.elapsed().as_secs_f64(),
+        promoted
+            .status
+            .as_ref()
+            .and_then(|s| s.last_failover.as_ref()),
+    );
+    until_psql(ns, RW, "SELECT pg_is_in_recovery()", "f").await?;
+    let pods = ns.api::<Pod>();
+    let labelled = pods.get(&new_primary).await?;
+    assert_eq!(
+        labelled
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .get(ROLE_LABEL)
+            .map(String::as_str),
+        Some("primary")
+    );
+    until_acknowledged_after(ns, 20).await?;
+    cluster().start_node(node)?;
+    let thawed = Instant::now();
+    wait::for_object(
+        &pods,
+        old_primary,
+        "Ready as a replica",
+        READY_TIMEOUT,
+        |p| {
+            wait::condition_status(p, "Ready").as_deref() == Some("True")
+                && p.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(ROLE_LABEL))
+                    .map(String::as_str)
+                    == Some("replica")
+        },
+    )
+    .await?;
+    let old_host = format!("{old_primary}.{CLUSTER}");
+    until_psql(ns, &old_host, "SELECT pg_is_in_recovery()", "t").await?;
+    eprintln!(
+        "failover: {old_primary} a ready replica {:.1} s after its node returned",
+        thawed.elapsed().as_secs_f64()
+    );
+    until_ready(clusters, |c| {
+        c.status
+            .as_ref()
+            .and_then(|s| s.last_failover.as_ref())
+            .is_some_and(|f| f.completed_at.is_some())
+    })
+    .await
+}
+
+async fn until_ready(
+    clusters: &Api<DatabaseCluster>,
+    and: impl Fn(&DatabaseCluster) -> bool,
+) -> Result {
+    wait::for_object(
+        clusters,
+        CLUSTER,
+        "3 ready instances, Ready=True",
+        READY_TIMEOUT,
+        |c| {
+            let status = c.status.as_ref();
+            status.and_then(|s| s.ready_instances) == Some(3)
+                && wait::condition_status(c, "Ready").as_deref() == Some("True")
+                && and(c)
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+async fn current_primary(clusters: &Api<DatabaseCluster>) -> Result<String> {
+    clusters
+        .get(CLUSTER)
+        .await?
+        .status
+        .and_then(|s| s.current_primary)
+        .ok_or_else(|| Error::Setup("no status.currentPrimary".into()))
+}
+
+async fn node_of(ns: &TestNamespace, pod: &str) -> Result<String> {
+    ns.api::<Pod>()
+        .get(pod)
+        .await?
+        .spec
+        .and_then(|s| s.node_name)
+        .ok_or_else(|| Error::Setup(format!("{pod} is not scheduled")))
+}
+
+/// A node running another instance of the cluster, for the client.
+async fn other_real_node(ns: &TestNamespace, not: &str) -> Result<String> {
+    for ordinal in 0..3 {
+        let node = node_of(ns, &format!("{CLUSTER}-{ordinal}")).await?;
+        if node != not {
+            return Ok(node);
+        }
+    }
+    Err(Error::Setup(format!("every instance runs on {not}")))
+}
+
+/// In the client pod: INSERT a new id through `-rw` every 100 ms, one
+/// connection each (as a pooled client reconnecting would), each attempt
+/// bounded by `timeout` (a frozen server accepts a TCP connection and never
+/// answers); `/tmp/writes` gets `ok|no ID UNIX-TIME` per attempt.
+async fn start_writer(ns: &TestNamespace) -> Result {
+    let script = format!(
+        "i=0; while :; do i=$((i+1)); \
+         if timeout 3 psql -h {RW} -XAtq -c \"INSERT INTO ticks VALUES ($i)\" >/dev/null 2>&1; \
+         then echo \"ok $i $(date +%s.%N)\"; else echo \"no $i $(date +%s.%N)\"; fi; \
+         sleep 0.1; done"
+    );
+    let launch = format!(
+        "setsid bash -c '{script}' >/tmp/writes 2>&1 </dev/null & echo $! >/tmp/writer.pid"
+    );
+    exec(ns, &["bash", "-c", &launch]).await.map(drop)
+}
+
+async fn stop_writer(ns: &TestNamespace) -> Result {
+    exec(ns, &["bash", "-c", "kill -- -$(cat /tmp/writer.pid)"])
+        .await
+        .map(drop)
+}
+
+struct Write {
+    ok: bool,
+    id: u64,
+    at: f64,
+}
+
+async fn writes(ns: &TestNamespace) -> Result<Vec<Write>> {
+    let log = exec(ns, &["cat", "/tmp/writes"]).await?;
+    Ok(log
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            Some(Write {
+                ok: fields.next()? == "ok",
+                id: fields.next()?.parse().ok()?,
+                at: fields.next()?.parse().ok()?,
+            })
+        })
+        .collect())
+}
+
+/// Until `count` writes have been acknowledged in all.
+async fn until_acknowledged(ns: &TestNamespace, count: usize) -> Result {
+    wait::until(
+        &format!("{count} acknowledged writes"),
+        Duration::from_secs(60),
+        || async {
+            let done = writes(ns).await.map_err(|e| e.to_string())?;
+            let ok = done.iter().filter(|w| w.ok).count();
+            if ok >= count {
+                Ok(Some(()))
+            } else {
+                Err(format!("{ok} acknowledged"))
+            }
+        },
+    )
+    .await
+}
+
+/// Until `count` more writes have been acknowledged after the last failed one.
+async fn until_acknowledged_after(ns: &TestNamespace, count: usize) -> Result {
+    wait::until(
+        &format!("{count} writes acknowledged in a row"),
+        READY_TIMEOUT,
+        || async {
+            let done = writes(ns).await.map_err(|e| e.to_string())?;
+            let streak = done.iter().rev().take_while(|w| w.ok).count();
+            if streak >= count {
+                Ok(Some(()))
+            } else {
+                Err(format!("{streak} in a row"))
+            }
+        },
+    )
+    .await
+}
+
+async fn exec(ns: &TestNamespace, command: &[&str]) -> Result<String> {
+    let mut args = vec!["-n", &ns.name, "exec", "client", "--"];
+    args.extend_from_slice(command);
+    Ok(cluster().kubectl(&args).await?.stdout)
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or_default()
+}
