@@ -15,9 +15,11 @@ use cairn_e2e::real::{
     start_client_on, until_psql,
 };
 use cairn_testing::{Error, LocalCluster, TestNamespace, cluster, wait};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
+use serde_json::json;
 
 type Result<T = ()> = std::result::Result<T, Error>;
 
@@ -37,6 +39,7 @@ async fn a_stopped_primary_node_fails_over_and_the_old_primary_rejoins() -> Resu
         )
         .await?;
     until_ready(&clusters, |_| true).await?;
+    an_instance_writes_only_its_own_lease_and_no_pod(&ns).await?;
     let old_primary = current_primary(&clusters).await?;
     let node = node_of(&ns, &old_primary).await?;
     let other_node = other_real_node(&ns, &node).await?;
@@ -99,6 +102,40 @@ async fn a_stopped_primary_node_fails_over_and_the_old_primary_rejoins() -> Resu
     let old_host = format!("{old_primary}.{CLUSTER}");
     until_psql(&ns, &old_host, "SELECT count(*) FROM ticks", &count).await?;
     Ok(())
+}
+
+/// With the token the kubelet gives pod `ledger-1`: its own Lease may be
+/// updated, another instance's may not (the chart's admission policy), and no
+/// pod may be written (RBAC), so no instance can move `-rw` to itself.
+async fn an_instance_writes_only_its_own_lease_and_no_pod(ns: &TestNamespace) -> Result {
+    let instance = cluster()
+        .client_with_pod_token(&ns.name, CLUSTER, "ledger-1")
+        .await?;
+    let leases = Api::<Lease>::namespaced(instance.clone(), &ns.name);
+    let touch = Patch::Merge(json!({ "metadata": { "annotations": { "e2e/touched": "yes" } } }));
+    leases
+        .patch("ledger-1", &PatchParams::default(), &touch)
+        .await?;
+    let other = leases
+        .patch("ledger-0", &PatchParams::default(), &touch)
+        .await;
+    assert_eq!(status(other), 403, "ledger-1 updated ledger-0's Lease");
+    let relabel = Patch::Merge(json!({ "metadata": { "labels": { ROLE_LABEL: "primary" } } }));
+    let pods = Api::<Pod>::namespaced(instance, &ns.name);
+    for pod in ["ledger-0", "ledger-1"] {
+        let result = pods.patch(pod, &PatchParams::default(), &relabel).await;
+        assert_eq!(status(result), 403, "an instance relabelled {pod}");
+    }
+    Ok(())
+}
+
+/// The HTTP status of a write: 200 if it succeeded.
+fn status<T>(result: std::result::Result<T, kube::Error>) -> u16 {
+    match result {
+        Err(kube::Error::Api(status)) => status.code,
+        Err(_) => 0,
+        Ok(_) => 200,
+    }
 }
 
 /// Waits for the promotion and the moved `-rw`, then lets the node return and

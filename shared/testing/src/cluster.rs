@@ -112,6 +112,53 @@ impl LocalCluster {
         Ok(Client::try_from(config)?)
     }
 
+    /// A client holding ServiceAccount `namespace/account`'s token bound to
+    /// pod `pod`, as the kubelet mounts it into that pod: the API server knows
+    /// the pod it comes from (`authentication.kubernetes.io/pod-name`), which
+    /// admission policies may check.
+    pub async fn client_with_pod_token(
+        &self,
+        namespace: &str,
+        account: &str,
+        pod: &str,
+    ) -> Result<Client, Error> {
+        use k8s_openapi::api::authentication::v1::{
+            BoundObjectReference, TokenRequest, TokenRequestSpec,
+        };
+        let mut config = self.admin_config().await?;
+        let admin = Client::try_from(config.clone())?;
+        let uid = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(admin.clone(), namespace)
+            .get(pod)
+            .await?
+            .metadata
+            .uid;
+        let request = TokenRequest {
+            spec: Some(TokenRequestSpec {
+                bound_object_ref: Some(BoundObjectReference {
+                    api_version: Some("v1".to_owned()),
+                    kind: Some("Pod".to_owned()),
+                    name: Some(pod.to_owned()),
+                    uid,
+                }),
+                expiration_seconds: Some(600),
+                ..TokenRequestSpec::default()
+            }),
+            ..TokenRequest::default()
+        };
+        let issued = Api::<ServiceAccount>::namespaced(admin, namespace)
+            .create_token_request(account, &kube::api::PostParams::default(), &request)
+            .await?;
+        let token = issued
+            .status
+            .and_then(|s| s.token)
+            .ok_or_else(|| Error::Setup(format!("no token issued for {namespace}/{account}")))?;
+        config.auth_info = kube::config::AuthInfo {
+            token: Some(token.into()),
+            ..kube::config::AuthInfo::default()
+        };
+        Ok(Client::try_from(config)?)
+    }
+
     /// A fresh namespace named `<prefix>-<random>` whose pods run on kwok's
     /// nodes, deleted when the returned value is dropped (see
     /// [`TestNamespace`] for when it is kept).
