@@ -9,6 +9,7 @@
 //! by the test entry point.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cairn_api::database::v1::DatabaseCluster;
@@ -53,9 +54,16 @@ async fn postgresql_and_the_controller_run_in_real_pods() -> Result {
     .await?;
     until_rows_on_replicas(&ns, 100).await?;
 
+    // Planned changes are Progressing, never Degraded: seen by a watch, so no
+    // transition between two polls goes unnoticed.
+    let degraded_log = Arc::new(Mutex::new(Vec::new()));
+    let degraded = watch_degraded(clusters.clone(), degraded_log.clone());
     reload_without_restart(&ns).await?;
     restart_parameter_rolls_the_pods(&ns).await?;
     scale_down_and_up(&ns).await?;
+    degraded.abort();
+    let seen = degraded_seen(&degraded_log);
+    assert!(seen.is_empty(), "Degraded=True during planned changes: {seen:?}");
     deleted_pod_returns_with_its_data(&ns).await?;
     Ok(())
 }
@@ -277,4 +285,33 @@ async fn psql(ns: &TestNamespace, service: &str, sql: &str) -> Result<String> {
 
 async fn until_psql(ns: &TestNamespace, service: &str, sql: &str, expected: &str) -> Result {
     cairn_e2e::real::until_psql(ns, &format!("{CLUSTER}-{service}"), sql, expected).await
+}
+
+/// Records every `Degraded=True` (reason: message) the cluster reports.
+fn watch_degraded(
+    clusters: Api<DatabaseCluster>,
+    log: Arc<Mutex<Vec<String>>>,
+) -> tokio::task::JoinHandle<()> {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    tokio::spawn(async move {
+        let config = watcher::Config::default().fields(&format!("metadata.name={CLUSTER}"));
+        let mut updates = std::pin::pin!(watcher(clusters, config).applied_objects());
+        while let Some(update) = updates.next().await {
+            let Ok(cluster) = update else { continue };
+            let degraded = cluster
+                .status
+                .iter()
+                .flat_map(|s| s.conditions.iter())
+                .find(|c| c.type_ == "Degraded" && c.status == "True")
+                .map(|c| format!("{}: {}", c.reason, c.message));
+            if let Some(degraded) = degraded {
+                log.lock().unwrap_or_else(|p| p.into_inner()).push(degraded);
+            }
+        }
+    })
+}
+
+fn degraded_seen(log: &Mutex<Vec<String>>) -> Vec<String> {
+    log.lock().unwrap_or_else(|p| p.into_inner()).clone()
 }

@@ -37,6 +37,10 @@ use crate::failover::{self, Decision, Member, Policy};
 use crate::metrics::ClusterMetrics;
 use crate::status::{self, DEGRADED, Instances, PROGRESSING, READY};
 
+/// The failover delay while the StatefulSet rolls the pods (it restarts the
+/// primary in place; a controller-driven roll with a switchover is not built).
+const ROLLOUT_FAILOVER_DELAY: Duration = Duration::from_secs(60);
+
 /// What every reconcile reads from and writes with.
 pub struct Context {
     pub client: Client,
@@ -102,7 +106,8 @@ pub async fn reconcile(cluster: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Resu
         .as_ref()
         .and_then(|s| s.last_failover.clone());
     let mut waiting = None;
-    let recheck = match decide(&ctx, &cluster, &primary, &members, now.0) {
+    let instances = Instances::of(Some(&stateful_set));
+    let recheck = match decide(&ctx, &cluster, &primary, &members, instances, now.0) {
         Decision::Keep { recheck } => recheck,
         Decision::Wait { reason, recheck } => {
             waiting = Some(reason);
@@ -131,7 +136,6 @@ pub async fn reconcile(cluster: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Resu
     let initialized = is_initialized(&cluster, &primary, &members);
     label_roles(&ctx, &cluster, &primary, initialized).await?;
     let blocked_storage = grow_storage(&ctx, &cluster).await?;
-    let instances = Instances::of(Some(&stateful_set));
     let mut observed = status::observe(&cluster, instances, &primary, &now);
     observed.initialized = initialized;
     observed.postgres_version = members
@@ -214,6 +218,7 @@ fn decide(
     cluster: &DatabaseCluster,
     primary: &str,
     members: &[Member],
+    instances: Instances,
     now: Timestamp,
 ) -> Decision {
     let key = format!(
@@ -248,8 +253,14 @@ fn decide(
         };
     }
     let spec = cluster.spec.failover.clone().unwrap_or_default();
+    let mut delay = Duration::from_secs(u64::try_from(spec.delay_seconds).unwrap_or(10));
+    if instances.rolling {
+        // The StatefulSet restarts the primary in place during a rollout:
+        // only an outage far longer than a restart is a loss.
+        delay = delay.max(ROLLOUT_FAILOVER_DELAY);
+    }
     let policy = Policy {
-        delay: Duration::from_secs(u64::try_from(spec.delay_seconds).unwrap_or(10)),
+        delay,
         max_lag_bytes: spec.max_lag_bytes.and_then(|b| u64::try_from(b).ok()),
     };
     failover::decide(primary, members, not_serving_for, policy, now)

@@ -42,6 +42,9 @@ pub struct Instances {
     pub updated: i32,
     /// Whether the StatefulSet controller has seen its latest spec.
     pub observed: bool,
+    /// A rolling update has not finished (not every pod is at the update
+    /// revision and ready).
+    pub rolling: bool,
 }
 
 impl Instances {
@@ -56,6 +59,8 @@ impl Instances {
             updated: status.updated_replicas.unwrap_or(0),
             observed: status.observed_generation.unwrap_or(0)
                 >= sts.metadata.generation.unwrap_or(0),
+            rolling: status.update_revision.is_some()
+                && status.current_revision != status.update_revision,
         }
     }
 }
@@ -84,7 +89,7 @@ pub fn observe(
         (DatabaseClusterPhase::Creating, Some(reason::CREATING))
     } else if instances.current != desired || !instances.observed {
         (DatabaseClusterPhase::Scaling, Some(reason::SCALING))
-    } else if instances.updated < desired {
+    } else if instances.updated < desired || instances.rolling {
         (DatabaseClusterPhase::Upgrading, Some(reason::ROLLING_OUT))
     } else {
         (DatabaseClusterPhase::Degraded, None)
@@ -106,8 +111,16 @@ pub fn observe(
         Some(why) => set(PROGRESSING, true, why, format!("{why}: {counted}")),
         None => set(PROGRESSING, false, reason::CONVERGED, counted.clone()),
     }
-    // Degraded: a cluster that ran is missing ready instances.
-    let degraded = was_running && instances.ready < desired.min(instances.current.max(1));
+    // Degraded: a cluster that ran lost a ready instance, outside a scale or
+    // a rollout (where instances are unready by design: that is Progressing).
+    let previous = cluster.status.as_ref();
+    let was_degraded = condition(previous, DEGRADED).is_some_and(|c| c.status == "True");
+    let previously_ready = previous.and_then(|s| s.ready_instances).unwrap_or(0);
+    let changing = instances.rolling || instances.current != desired || !instances.observed;
+    let degraded = was_running
+        && !changing
+        && instances.ready < desired
+        && (instances.ready < previously_ready || was_degraded);
     if degraded {
         set(DEGRADED, true, reason::INSTANCES_UNAVAILABLE, counted);
     } else {
@@ -302,7 +315,16 @@ mod tests {
             ready,
             updated,
             observed: true,
+            rolling: updated < current,
         }
+    }
+
+    fn running_with(instances: i32, ready: i32) -> DatabaseCluster {
+        let mut cluster = cluster(instances, Some(DatabaseClusterPhase::Running));
+        if let Some(status) = cluster.status.as_mut() {
+            status.ready_instances = Some(ready);
+        }
+        cluster
     }
 
     fn reason_of(status: &DatabaseClusterStatus, type_: &str) -> (String, String) {
@@ -357,9 +379,40 @@ mod tests {
     }
 
     #[test]
+    fn the_last_new_instance_of_a_scale_up_is_not_degraded_while_it_starts() {
+        let status = observe(&running_with(5, 4), instances(5, 4, 5), "orders-0", &now());
+        assert_eq!(reason_of(&status, DEGRADED).0, "False");
+    }
+
+    #[test]
+    fn a_restarting_instance_of_a_rollout_is_progressing_not_degraded() {
+        let mut rolling = instances(3, 2, 3);
+        rolling.rolling = true;
+        let status = observe(&running_with(3, 3), rolling, "orders-0", &now());
+        assert_eq!(reason_of(&status, DEGRADED).0, "False");
+        assert_eq!(
+            reason_of(&status, PROGRESSING),
+            ("True".into(), reason::ROLLING_OUT.into())
+        );
+    }
+
+    #[test]
+    fn degraded_stays_until_every_instance_is_ready_again() {
+        let lost = observe(&running_with(3, 3), instances(3, 2, 3), "orders-0", &now());
+        assert_eq!(reason_of(&lost, DEGRADED).0, "True");
+        let mut again = running_with(3, 2);
+        again.status = Some(lost);
+        let still = observe(&again, instances(3, 2, 3), "orders-0", &now());
+        assert_eq!(reason_of(&still, DEGRADED).0, "True", "sticky");
+        again.status = Some(still);
+        let healed = observe(&again, instances(3, 3, 3), "orders-0", &now());
+        assert_eq!(reason_of(&healed, DEGRADED).0, "False");
+    }
+
+    #[test]
     fn a_running_cluster_losing_an_instance_is_degraded() {
         let status = observe(
-            &cluster(3, Some(DatabaseClusterPhase::Running)),
+            &running_with(3, 3),
             instances(3, 2, 3),
             "orders-0",
             &now(),
