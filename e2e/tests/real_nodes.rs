@@ -63,7 +63,10 @@ async fn postgresql_and_the_controller_run_in_real_pods() -> Result {
     scale_down_and_up(&ns).await?;
     degraded.abort();
     let seen = degraded_seen(&degraded_log);
-    assert!(seen.is_empty(), "Degraded=True during planned changes: {seen:?}");
+    assert!(
+        seen.is_empty(),
+        "Degraded=True during planned changes: {seen:?}"
+    );
     deleted_pod_returns_with_its_data(&ns).await?;
     Ok(())
 }

@@ -411,12 +411,7 @@ mod tests {
 
     #[test]
     fn a_running_cluster_losing_an_instance_is_degraded() {
-        let status = observe(
-            &running_with(3, 3),
-            instances(3, 2, 3),
-            "orders-0",
-            &now(),
-        );
+        let status = observe(&running_with(3, 3), instances(3, 2, 3), "orders-0", &now());
         assert_eq!(status.phase, Some(DatabaseClusterPhase::Degraded));
         assert_eq!(
             reason_of(&status, DEGRADED),

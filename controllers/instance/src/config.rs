@@ -25,7 +25,7 @@ pub struct Config {
     /// The credentials Secret, one file per key.
     #[arg(long, env = "CAIRN_CREDENTIALS_DIR", default_value = contract::CREDENTIALS_DIR)]
     pub credentials_dir: PathBuf,
-    /// The assigned role (`primary` or `replica`), kept by the Downward API.
+    /// The assigned role (`primary` or `replica`) outside a pod.
     #[arg(long, env = "CAIRN_ROLE_FILE", default_value = contract::ROLE_FILE)]
     pub role_file: PathBuf,
     /// Unix sockets and the replication password file.
@@ -53,14 +53,21 @@ pub struct Config {
     pub primary_host: Option<String>,
     #[arg(long, env = "CAIRN_PRIMARY_PORT", default_value_t = contract::POSTGRES_PORT)]
     pub primary_port: u16,
-    /// This pod, for the observed-state annotation (set by the Downward API).
+    /// This pod: its role label and its membership Lease (the Downward API sets both).
     #[arg(long, env = "POD_NAME")]
     pub pod_name: Option<String>,
     #[arg(long, env = "POD_NAMESPACE")]
     pub pod_namespace: Option<String>,
-    /// Write the observed state into the pod's annotation.
-    #[arg(long, env = "CAIRN_REPORT_TO_POD", default_value_t = true, action = clap::ArgAction::Set)]
-    pub report_to_pod: bool,
+    /// In a pod (POD_NAME and POD_NAMESPACE set): learn the role from the
+    /// pod and renew the membership Lease. Off: the role file, no heartbeat.
+    #[arg(long, env = "CAIRN_MEMBERSHIP", default_value_t = true, action = clap::ArgAction::Set)]
+    pub membership: bool,
+    /// How often the membership Lease is renewed (the heartbeat).
+    #[arg(long, env = "CAIRN_HEARTBEAT_MILLISECONDS", default_value_t = contract::HEARTBEAT_MILLISECONDS)]
+    pub heartbeat_milliseconds: u64,
+    /// A primary that renewed no heartbeat for this long stops taking writes.
+    #[arg(long, env = contract::FENCE_SECONDS_ENV, default_value_t = 5)]
+    pub fence_seconds: u64,
     /// A replica further behind its primary than this is not ready.
     #[arg(long, env = "CAIRN_MAX_LAG_BYTES", default_value_t = 16 * 1024 * 1024)]
     pub max_lag_bytes: u64,
@@ -76,10 +83,6 @@ pub struct Config {
     /// How often the server, the role file and the configuration are read.
     #[arg(long, env = "CAIRN_POLL_MILLISECONDS", default_value_t = 1000)]
     pub poll_milliseconds: u64,
-    /// WAL-position-only changes of the observed state reach the pod at most
-    /// this often; readiness, role and timeline changes are written at once.
-    #[arg(long, env = "CAIRN_REPORT_INTERVAL_SECONDS", default_value_t = 30)]
-    pub report_interval_seconds: u64,
     #[arg(long, env = "CAIRN_LOG_FORMAT", value_enum, default_value = "json")]
     pub log_format: LogFormat,
     #[arg(long, env = "CAIRN_LOG_LEVEL", default_value = "info")]

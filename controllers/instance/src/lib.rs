@@ -1,14 +1,15 @@
 //! cairn-instance: the entrypoint (PID 1) of every Cairn database pod. It
 //! bootstraps the data folder, runs PostgreSQL as its child, serves health,
 //! status and metrics, follows the role and configuration the controller
-//! gives it, and reports what it observes on its pod.
+//! gives it (its role, from its pod), and renews its membership Lease with
+//! what it observes.
 
 pub mod children;
 pub mod conf;
 pub mod config;
+pub mod membership;
 pub mod metrics;
 pub mod observe;
-pub mod report;
 pub mod scram;
 pub mod server;
 pub mod state;

@@ -4,13 +4,16 @@ use std::time::Duration;
 
 use cairn_instance::children::Children;
 use cairn_instance::config::Config;
+use cairn_instance::membership::{self, Assignment, Heartbeat};
 use cairn_instance::metrics::Metrics;
+use cairn_instance::server;
 use cairn_instance::state::State;
 use cairn_instance::supervisor::Supervisor;
-use cairn_instance::{report, server};
 use clap::Parser;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -56,11 +59,9 @@ async fn run(config: Config) -> Result<(), String> {
             server::serve(metrics_address, metrics)
         )
     };
-    let (done, finished) = tokio::sync::watch::channel(false);
-    let reporter = match config.report_to_pod {
-        true => start_reporting(&config, &state, finished).await,
-        false => None,
-    };
+    let (done, finished) = watch::channel(false);
+    let (assignment, assigned) = watch::channel(Assignment::default());
+    let (heartbeat, renewer) = start_membership(&config, &state, assignment, finished).await?;
     let shutdown = async {
         tokio::select! {
             _ = terminate.recv() => tracing::info!("SIGTERM: stopping"),
@@ -68,42 +69,59 @@ async fn run(config: Config) -> Result<(), String> {
         }
     };
     tracing::info!(version = env!("CARGO_PKG_VERSION"), %http, metrics = %metrics_address, "cairn-instance starting");
-    let supervisor = Supervisor::new(config, children, state);
+    let supervisor = Supervisor::new(config, children, state, assigned, heartbeat);
     tokio::select! {
         served = listeners => return served.map(|_| ()).map_err(|e| format!("HTTP listener: {e}")),
         () = supervisor.run(shutdown) => {}
     }
-    // The pod's last report says what is true now: stopped, not ready.
+    // The Lease's last write says what is true now: stopped, not ready.
     let _ = done.send(true);
-    if let Some(reporter) = reporter {
-        let _ = tokio::time::timeout(Duration::from_secs(5), reporter).await;
+    if let Some(renewer) = renewer {
+        let _ = tokio::time::timeout(Duration::from_secs(5), renewer).await;
     }
     Ok(())
 }
 
-/// Starts the pod annotation reporter when this runs in a pod it can reach.
-async fn start_reporting(
+/// In a pod: the pod watch (the role) and the Lease renewal (the heartbeat).
+/// Outside one: the role file, and no heartbeat.
+async fn start_membership(
     config: &Config,
     state: &Arc<State>,
-    done: tokio::sync::watch::Receiver<bool>,
-) -> Option<tokio::task::JoinHandle<()>> {
-    let (Some(name), Some(namespace)) = (config.pod_name.clone(), config.pod_namespace.clone())
-    else {
-        tracing::info!("POD_NAME or POD_NAMESPACE unset: the observed state stays in /status");
-        return None;
+    assignment: watch::Sender<Assignment>,
+    done: watch::Receiver<bool>,
+) -> Result<(Arc<Heartbeat>, Option<tokio::task::JoinHandle<()>>), String> {
+    let in_pod = match (&config.pod_name, &config.pod_namespace) {
+        (Some(name), Some(namespace)) if config.membership => {
+            Some((name.clone(), namespace.clone()))
+        }
+        _ => None,
     };
-    match kube::Client::try_default().await {
-        Ok(client) => {
-            let pods = kube::Api::<Pod>::namespaced(client, &namespace);
-            let interval = Duration::from_secs(config.report_interval_seconds);
-            let observed = state.observed();
-            Some(tokio::spawn(report::report(
-                pods, name, observed, done, interval,
-            )))
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "no Kubernetes client: the observed state stays in /status");
-            None
-        }
-    }
+    let Some((name, namespace)) = in_pod else {
+        tracing::info!(role_file = %config.role_file.display(), "outside a pod: the role comes from a file, no heartbeat");
+        tokio::spawn(membership::watch_role_file(
+            config.role_file.clone(),
+            config.poll(),
+            assignment,
+        ));
+        return Ok((Heartbeat::none(), None));
+    };
+    // In a pod, the API is the only source of the role: no client, no start.
+    let client = kube::Client::try_default()
+        .await
+        .map_err(|e| format!("no Kubernetes client for the membership: {e}"))?;
+    let heartbeat = Heartbeat::new(Duration::from_secs(config.fence_seconds));
+    tokio::spawn(membership::watch_pod(
+        kube::Api::<Pod>::namespaced(client.clone(), &namespace),
+        name.clone(),
+        assignment,
+    ));
+    let renewer = tokio::spawn(membership::renew(
+        kube::Api::<Lease>::namespaced(client, &namespace),
+        name,
+        state.observed(),
+        heartbeat.clone(),
+        Duration::from_millis(config.heartbeat_milliseconds.max(100)),
+        done,
+    ));
+    Ok((heartbeat, Some(renewer)))
 }

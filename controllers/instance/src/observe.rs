@@ -58,6 +58,8 @@ pub struct Sample {
     pub connections: Vec<(String, i64)>,
     /// Settings changed in the configuration that wait for a restart.
     pub pending_restart: Vec<String>,
+    /// A replica's last WAL position received (`X/Y`); None on a primary.
+    pub received_position: Option<String>,
 }
 
 /// Everything a poll reads, in one statement (prepared once per session, so
@@ -86,7 +88,8 @@ SELECT pg_is_in_recovery(),
             ELSE coalesce(extract(epoch FROM now() - pg_last_xact_replay_timestamp())::float8, 0) END,
        ARRAY(SELECT state FROM sessions ORDER BY state),
        ARRAY(SELECT n FROM sessions ORDER BY state),
-       ARRAY(SELECT name::text FROM pg_settings WHERE pending_restart ORDER BY name)
+       ARRAY(SELECT name::text FROM pg_settings WHERE pending_restart ORDER BY name),
+       pg_last_wal_receive_lsn()::text
 FROM position";
 
 const DATABASE_SIZES: &str =
@@ -120,6 +123,7 @@ impl Session {
             lag_seconds: row.get(8),
             connections: states.into_iter().zip(counts).collect(),
             pending_restart: row.get(11),
+            received_position: row.get(12),
         })
     }
 

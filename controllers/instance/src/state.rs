@@ -44,6 +44,7 @@ pub struct Status {
     pub wal_position: Option<String>,
     pub replication_lag_bytes: Option<i64>,
     pub replication_lag_seconds: Option<f64>,
+    pub received_position: Option<String>,
     pub streaming: Option<bool>,
     pub server_version: Option<String>,
     pub pending_restart: Vec<String>,
@@ -89,6 +90,11 @@ impl State {
                 role: status.role.map(|r| r.to_string()),
                 timeline: status.timeline,
                 wal_position: status.wal_position.clone(),
+                received_position: status.received_position.clone(),
+                server_version: status.server_version.clone(),
+                problem: (!status.ready)
+                    .then(|| status.last_error.clone().or_else(|| status.reason.clone()))
+                    .flatten(),
             }
         };
         self.observed.send_if_modified(|current| {
@@ -139,6 +145,7 @@ impl State {
             });
             s.timeline = sample.and_then(|x| x.timeline);
             s.wal_position = sample.and_then(|x| x.wal_position.clone());
+            s.received_position = sample.and_then(|x| x.received_position.clone());
             s.replication_lag_bytes = sample.and_then(|x| x.lag_bytes);
             s.replication_lag_seconds = sample.and_then(|x| x.lag_seconds);
             s.streaming = sample.filter(|x| x.in_recovery).map(|x| x.streaming);

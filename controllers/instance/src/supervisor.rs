@@ -16,6 +16,7 @@ use tokio_postgres::error::SqlState;
 use crate::children::{Child, Children, Signaller};
 use crate::conf;
 use crate::config::Config;
+use crate::membership::{Assignment, Heartbeat};
 use crate::observe::{self, Limits, Role};
 use crate::scram;
 use crate::state::{Phase, State};
@@ -24,20 +25,35 @@ use crate::state::{Phase, State};
 const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A run of postgres that must end in a restart in another role, and why.
-struct Restart(String);
+/// A fenced primary stops at once: it must take no write the new primary
+/// will not have.
+struct Restart {
+    reason: String,
+    fenced: bool,
+}
 
 pub struct Supervisor {
     config: Config,
     children: Children,
     state: Arc<State>,
+    assignment: tokio::sync::watch::Receiver<Assignment>,
+    heartbeat: Arc<Heartbeat>,
 }
 
 impl Supervisor {
-    pub fn new(config: Config, children: Children, state: Arc<State>) -> Self {
+    pub fn new(
+        config: Config,
+        children: Children,
+        state: Arc<State>,
+        assignment: tokio::sync::watch::Receiver<Assignment>,
+        heartbeat: Arc<Heartbeat>,
+    ) -> Self {
         Self {
             config,
             children,
             state,
+            assignment,
+            heartbeat,
         }
     }
 
@@ -89,11 +105,14 @@ impl Supervisor {
             let signaller = postgres.signaller();
             let exit = tokio::select! {
                 exit = postgres.wait() => exit,
-                Restart(reason) = self.watch(signaller, role) => {
+                Restart { reason, fenced } = self.watch(signaller, role) => {
                     // A demotion: writes must stop now, not when sessions end;
                     // and it is no failure, so no backoff.
-                    tracing::info!(%reason, "restarting postgres");
-                    self.stop(&mut postgres, false).await;
+                    tracing::warn!(%reason, "stopping postgres to restart it in another role");
+                    match fenced {
+                        true => self.stop_now(&mut postgres).await,
+                        false => self.stop(&mut postgres, false).await,
+                    }
                     continue;
                 }
                 () = &mut shutdown => {
@@ -121,29 +140,44 @@ impl Supervisor {
     }
 
     fn read_role(&self) -> Result<Role, String> {
-        let path = &self.config.role_file;
-        std::fs::read_to_string(path)
-            .map_err(|e| format!("role file {}: {e}", path.display()))?
-            .parse()
+        self.assignment
+            .borrow()
+            .role
+            .ok_or_else(|| "no role assigned yet".to_owned())
     }
 
+    /// The assigned role, once there is one this instance may take: a
+    /// primary also needs a fresh heartbeat and no fencing.
     async fn wait_for_role(&self) -> Role {
-        let mut logged = false;
+        let mut assignment = self.assignment.clone();
+        let mut logged = None;
         loop {
-            match self.read_role() {
+            let waiting = match self.read_role() {
+                Ok(Role::Primary) => match self.heartbeat.forbids_primary() {
+                    None => Ok(Role::Primary),
+                    Some(why) => Err(why),
+                },
+                other => other,
+            };
+            match waiting {
                 Ok(role) => {
                     self.state.update(|s| s.assigned_role = Some(role));
+                    self.state.clear_error();
                     return role;
                 }
                 Err(reason) => {
-                    if !logged {
-                        tracing::info!(%reason, "waiting for a role");
-                        logged = true;
+                    if logged.as_ref() != Some(&reason) {
+                        tracing::info!(%reason, "waiting before starting postgres");
+                        logged = Some(reason.clone());
                     }
                     self.state.phase(Phase::WaitingForRole);
+                    self.state.update(|s| s.reason = Some(reason));
                 }
             }
-            tokio::time::sleep(self.config.poll()).await;
+            tokio::select! {
+                _ = assignment.changed() => {}
+                () = tokio::time::sleep(self.config.poll()) => {}
+            }
         }
     }
 
@@ -170,6 +204,14 @@ impl Supervisor {
                 }
             }
             DataFolder::Absent => {
+                if role == Role::Primary && !self.assignment.borrow().may_initdb {
+                    return Err(format!(
+                        "the data folder {} is empty but the cluster was initialised: refusing \
+                         to run initdb over it (its data lives in the replicas; the controller \
+                         fails over to one)",
+                        data.display()
+                    ));
+                }
                 self.state.phase(Phase::Bootstrapping);
                 match role {
                     Role::Primary => self.initdb().await?,
@@ -474,6 +516,22 @@ impl Supervisor {
         postgres.wait().await;
     }
 
+    /// Fencing: fast shutdown (no new transaction commits once it starts),
+    /// immediate after 2 s, killed after 2 s more.
+    async fn stop_now(&self, postgres: &mut Child) {
+        self.state.phase(Phase::Stopping);
+        for (signal, mode) in [(Signal::SIGINT, "fast"), (Signal::SIGQUIT, "immediate")] {
+            tracing::warn!(mode, "fencing: stopping postgres");
+            postgres.signal(signal);
+            if let Ok(exit) = tokio::time::timeout(Duration::from_secs(2), postgres.wait()).await {
+                tracing::info!(%exit, mode, "postgres stopped");
+                return;
+            }
+        }
+        postgres.signal(Signal::SIGKILL);
+        postgres.wait().await;
+    }
+
     /// Watches a running postgres until it must restart in another role.
     async fn watch(&self, postgres: Signaller, started_as: Role) -> Restart {
         let limits = Limits {
@@ -505,10 +563,20 @@ impl Supervisor {
             // A server that runs as a primary stops taking writes when told,
             // whether or not it answers this process's queries.
             if assigned == Role::Replica && (started_as == Role::Primary || promoted) {
-                return Restart(
-                    "assigned replica while running as a primary: restarting as a standby"
+                return Restart {
+                    reason: "assigned replica while running as a primary: restarting as a standby"
                         .to_owned(),
-                );
+                    fenced: false,
+                };
+            }
+            if assigned == Role::Primary
+                && let Some(why) = self.heartbeat.forbids_primary()
+            {
+                self.state.error(why.clone());
+                return Restart {
+                    reason: why,
+                    fenced: true,
+                };
             }
             let config_now = self.config_files();
             if config_now != config_seen {
@@ -564,10 +632,12 @@ impl Supervisor {
             self.state.answered();
             match (assigned, sample.in_recovery) {
                 (Role::Replica, false) => {
-                    return Restart(
-                        "assigned replica while running as a primary: restarting as a standby"
-                            .to_owned(),
-                    );
+                    return Restart {
+                        reason:
+                            "assigned replica while running as a primary: restarting as a standby"
+                                .to_owned(),
+                        fenced: false,
+                    };
                 }
                 (Role::Primary, true) if !promoted => {
                     promoted = self.promote(&connection.client).await;

@@ -1,0 +1,286 @@
+//! The instance's side of membership (`cairn_api::database::instance`): it
+//! learns its assigned role by watching its own pod, and renews its Lease —
+//! the heartbeat — with its observed state. Outside a pod (process-level
+//! tests) the role comes from a file and there is no heartbeat.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cairn_api::database::instance::{
+    BOOTSTRAP_ANNOTATION, BOOTSTRAP_INITDB, FENCED_ANNOTATION, OBSERVED_ANNOTATION, ObservedState,
+    ROLE_LABEL,
+};
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use tokio::sync::watch;
+
+use crate::observe::Role;
+
+/// What the controller assigned this instance.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Assignment {
+    /// None until the controller labels the pod.
+    pub role: Option<Role>,
+    /// Whether an empty data folder may be initialised (a new cluster's
+    /// first primary only).
+    pub may_initdb: bool,
+}
+
+/// Whether this instance may act as a writable primary, as far as its
+/// heartbeat goes.
+pub struct Heartbeat {
+    /// None outside a pod: no heartbeat, no fencing.
+    state: Option<Mutex<Renewal>>,
+    fence_after: Duration,
+}
+
+#[derive(Default)]
+struct Renewal {
+    /// When the last successful renewal was sent.
+    last_renewed: Option<Instant>,
+    /// The controller deposed this instance.
+    fenced: bool,
+}
+
+impl Heartbeat {
+    /// No heartbeat: the instance runs outside a pod.
+    pub fn none() -> Arc<Self> {
+        Arc::new(Self {
+            state: None,
+            fence_after: Duration::ZERO,
+        })
+    }
+
+    pub fn new(fence_after: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            state: Some(Mutex::default()),
+            fence_after,
+        })
+    }
+
+    /// Why this instance must not serve writes now, if it must not: fenced
+    /// by the controller, or no successful renewal within the fence time
+    /// (the controller may promote a replica once the failover delay passes,
+    /// which is at least twice as long).
+    pub fn forbids_primary(&self) -> Option<String> {
+        let renewal = self
+            .state
+            .as_ref()?
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if renewal.fenced {
+            return Some("fenced: the controller promoted another instance".to_owned());
+        }
+        match renewal.last_renewed {
+            None => Some("no heartbeat renewed yet".to_owned()),
+            Some(at) if at.elapsed() > self.fence_after => Some(format!(
+                "fenced: no heartbeat renewed within {} s",
+                self.fence_after.as_secs()
+            )),
+            Some(_) => None,
+        }
+    }
+
+    fn record(&self, sent: Instant, fenced: bool) {
+        if let Some(state) = &self.state {
+            let mut renewal = state.lock().unwrap_or_else(|p| p.into_inner());
+            renewal.last_renewed = Some(sent);
+            renewal.fenced = fenced;
+        }
+    }
+
+    fn set_fenced(&self, fenced: bool) {
+        if let Some(state) = &self.state {
+            state.lock().unwrap_or_else(|p| p.into_inner()).fenced = fenced;
+        }
+    }
+}
+
+/// Keeps `assignment` current from the pod's labels and annotations.
+pub async fn watch_pod(pods: Api<Pod>, name: String, assignment: watch::Sender<Assignment>) {
+    // RBAC allows list and watch only with this field selector.
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut updates = std::pin::pin!(watcher(pods, config).default_backoff().applied_objects());
+    let mut logged_error = false;
+    while let Some(update) = updates.next().await {
+        match update {
+            Ok(pod) => {
+                logged_error = false;
+                let role = pod
+                    .labels()
+                    .get(ROLE_LABEL)
+                    .and_then(|r| r.parse::<Role>().ok());
+                let may_initdb = pod
+                    .annotations()
+                    .get(BOOTSTRAP_ANNOTATION)
+                    .map(String::as_str)
+                    == Some(BOOTSTRAP_INITDB);
+                assignment.send_if_modified(|current| {
+                    let next = Assignment { role, may_initdb };
+                    let changed = *current != next;
+                    if changed {
+                        tracing::info!(role = ?next.role, may_initdb, "assignment from the pod");
+                    }
+                    *current = next;
+                    changed
+                });
+            }
+            Err(e) if !logged_error => {
+                tracing::warn!(error = %e, pod = %name, "cannot watch the pod; retrying");
+                logged_error = true;
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// Keeps `assignment` current from a role file (outside a pod).
+pub async fn watch_role_file(path: PathBuf, poll: Duration, assignment: watch::Sender<Assignment>) {
+    loop {
+        let role = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|text| text.parse::<Role>().ok());
+        assignment.send_if_modified(|current| {
+            let next = Assignment {
+                role,
+                may_initdb: true,
+            };
+            let changed = *current != next;
+            *current = next;
+            changed
+        });
+        tokio::time::sleep(poll).await;
+    }
+}
+
+/// Renews Lease `name` every `period` with the observed state, until `done`;
+/// then writes the last state once. Each write carries the resourceVersion
+/// last seen, so it fails if the controller changed the Lease meanwhile (a
+/// deposition): the Lease is read again and the fencing it shows recorded.
+pub async fn renew(
+    leases: Api<Lease>,
+    name: String,
+    observed: watch::Receiver<ObservedState>,
+    heartbeat: Arc<Heartbeat>,
+    period: Duration,
+    mut done: watch::Receiver<bool>,
+) {
+    let mut version: Option<String> = None;
+    let mut failing = false;
+    loop {
+        let finishing = *done.borrow_and_update();
+        let sent = Instant::now();
+        let state = observed.borrow().clone();
+        let result = match &version {
+            None => read(&leases, &name).await,
+            Some(current) => write(&leases, &name, current, &state, &heartbeat).await,
+        };
+        match result {
+            Ok(lease) => {
+                let fenced = is_fenced(&lease);
+                if version.is_some() {
+                    heartbeat.record(sent, fenced);
+                } else {
+                    heartbeat.set_fenced(fenced);
+                }
+                let renewed = version.is_some();
+                version = lease.resource_version();
+                if failing {
+                    tracing::info!(lease = %name, "heartbeat renewed again");
+                    failing = false;
+                }
+                if !renewed {
+                    continue; // read: renew at once
+                }
+            }
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                tracing::info!(lease = %name, "the Lease changed meanwhile: reading it again");
+                version = None;
+                continue;
+            }
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(error = %e, lease = %name, "cannot renew the heartbeat");
+                    failing = true;
+                }
+                if matches!(&e, kube::Error::Api(s) if s.code == 404) {
+                    version = None;
+                }
+            }
+        }
+        if finishing {
+            return;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(period) => {}
+            _ = done.changed() => {}
+        }
+    }
+}
+
+async fn read(leases: &Api<Lease>, name: &str) -> Result<Lease, kube::Error> {
+    leases.get(name).await
+}
+
+async fn write(
+    leases: &Api<Lease>,
+    name: &str,
+    version: &str,
+    observed: &ObservedState,
+    heartbeat: &Heartbeat,
+) -> Result<Lease, kube::Error> {
+    let patch = json!({
+        "metadata": {
+            "resourceVersion": version,
+            "annotations": { OBSERVED_ANNOTATION: serde_json::to_string(observed).unwrap_or_default() },
+        },
+        "spec": {
+            "holderIdentity": name,
+            "renewTime": MicroTime(Timestamp::now()),
+            "leaseDurationSeconds": heartbeat.fence_after.as_secs().max(1),
+        },
+    });
+    leases
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+}
+
+fn is_fenced(lease: &Lease) -> bool {
+    lease
+        .annotations()
+        .get(FENCED_ANNOTATION)
+        .map(String::as_str)
+        == Some("true")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_a_heartbeat_nothing_forbids_a_primary() {
+        assert_eq!(Heartbeat::none().forbids_primary(), None);
+    }
+
+    #[test]
+    fn a_primary_needs_a_recent_renewal_and_no_fencing() {
+        let heartbeat = Heartbeat::new(Duration::from_secs(5));
+        assert!(heartbeat.forbids_primary().is_some(), "never renewed");
+        heartbeat.record(Instant::now(), false);
+        assert_eq!(heartbeat.forbids_primary(), None);
+        heartbeat.record(Instant::now() - Duration::from_secs(6), false);
+        let stale = heartbeat.forbids_primary().unwrap_or_default();
+        assert!(stale.contains("no heartbeat renewed within 5 s"), "{stale}");
+        heartbeat.record(Instant::now(), true);
+        let fenced = heartbeat.forbids_primary().unwrap_or_default();
+        assert!(fenced.contains("promoted another instance"), "{fenced}");
+    }
+}
