@@ -50,9 +50,11 @@ async fn a_stopped_primary_node_fails_over_and_the_old_primary_rejoins() -> Resu
 
     let number = LocalCluster::real_node_number(&node)
         .ok_or_else(|| Error::Setup(format!("{old_primary} is on {node}, not a real node")))?;
+    cluster().stop_node(number)?;
+    // Once stop-node returns, every process of the node is stopped: writes
+    // begun from now on cannot reach the old primary.
     let frozen_at = unix_now();
     let frozen = Instant::now();
-    cluster().stop_node(number)?;
     let result = failover_and_rejoin(&ns, &clusters, &old_primary, number, frozen).await;
     // The node runs again whatever happened, for the suites after this one.
     cluster().start_node(number)?;
@@ -70,9 +72,11 @@ async fn a_stopped_primary_node_fails_over_and_the_old_primary_rejoins() -> Resu
         .iter()
         .filter(|w| !present.contains(&w.id))
         .collect();
+    // Write unavailability: from the node stopping to the first write that
+    // began after it and was acknowledged.
     let first_after = writes
         .iter()
-        .find(|w| w.ok && w.at > frozen_at)
+        .find(|w| w.ok && w.started > frozen_at)
         .map(|w| w.at - frozen_at);
     eprintln!(
         "failover: {} writes acknowledged, {} present, {} missing (asynchronous replication); \
@@ -82,15 +86,15 @@ async fn a_stopped_primary_node_fails_over_and_the_old_primary_rejoins() -> Resu
         missing.len(),
         first_after.unwrap_or(f64::NAN)
     );
-    // Only a write acknowledged by the old primary before its node stopped
-    // may be missing (it had not reached a replica); one acknowledged later
-    // would mean two primaries took writes.
+    // Only a write sent to the old primary before its node stopped may be
+    // missing (it had not reached a replica); one begun later would mean two
+    // primaries took writes.
     for write in &missing {
         assert!(
-            write.at < frozen_at,
-            "row {} acknowledged {:.1} s after the node stopped is missing",
+            write.started < frozen_at,
+            "row {} begun {:.1} s after the node stopped is missing",
             write.id,
-            write.at - frozen_at
+            write.started - frozen_at
         );
     }
     assert!(
@@ -265,12 +269,13 @@ async fn other_real_node(ns: &TestNamespace, not: &str) -> Result<String> {
 /// In the client pod: INSERT a new id through `-rw` every 100 ms, one
 /// connection each (as a pooled client reconnecting would), each attempt
 /// bounded by `timeout` (a frozen server accepts a TCP connection and never
-/// answers); `/tmp/writes` gets `ok|no ID UNIX-TIME` per attempt.
+/// answers); `/tmp/writes` gets `ok|no ID STARTED ENDED` (Unix times) per
+/// attempt.
 async fn start_writer(ns: &TestNamespace) -> Result {
     let script = format!(
-        "i=0; while :; do i=$((i+1)); \
+        "i=0; while :; do i=$((i+1)); s=$(date +%s.%N); \
          if timeout 3 psql -h {RW} -XAtq -c \"INSERT INTO ticks VALUES ($i)\" >/dev/null 2>&1; \
-         then echo \"ok $i $(date +%s.%N)\"; else echo \"no $i $(date +%s.%N)\"; fi; \
+         then echo \"ok $i $s $(date +%s.%N)\"; else echo \"no $i $s $(date +%s.%N)\"; fi; \
          sleep 0.1; done"
     );
     let launch = format!(
@@ -288,6 +293,8 @@ async fn stop_writer(ns: &TestNamespace) -> Result {
 struct Write {
     ok: bool,
     id: u64,
+    started: f64,
+    /// When it was acknowledged (or failed).
     at: f64,
 }
 
@@ -300,6 +307,7 @@ async fn writes(ns: &TestNamespace) -> Result<Vec<Write>> {
             Some(Write {
                 ok: fields.next()? == "ok",
                 id: fields.next()?.parse().ok()?,
+                started: fields.next()?.parse().ok()?,
                 at: fields.next()?.parse().ok()?,
             })
         })
