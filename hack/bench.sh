@@ -10,6 +10,10 @@
 #                                         (pgbench scale, default 10): base
 #                                         backup, replica lag under pgbench,
 #                                         the instance's idle cost, promotion
+#   hack/bench.sh failover [N]            N primary node stops (default 10) on
+#                                         the real nodes, the controller from
+#                                         its chart: promotion, write
+#                                         unavailability, rejoin, rows lost
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$CAIRN_ROOT"
@@ -21,8 +25,19 @@ case "$bench" in
     CAIRN_POSTGRES_BINDIR=$(hack/postgres.sh)
     export CAIRN_POSTGRES_BINDIR
     exec cargo bench --locked -p cairn-instance --bench instance -- "${2:-10}" ;;
-  *) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  failover) count=${2:-10} ;;
+  *) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
+
+if [[ $bench == failover ]]; then
+  images=$(hack/images.sh workspace)
+  STATE=$(mktemp -d "${TMPDIR:-/tmp}/cairn-bench.XXXXXX")/cluster
+  trap 'hack/local-cluster.sh down "$STATE"; rmdir "$(dirname "$STATE")" 2>/dev/null || true' EXIT
+  hack/local-cluster.sh up "$STATE"
+  hack/local-cluster.sh import-images "$STATE" "$images"/*.tar
+  CAIRN_CLUSTER_STATE=$STATE cargo bench --locked -p cairn-e2e --bench failover -- "$count"
+  exit 0
+fi
 
 cargo build --release --locked -p cairn-database-controller
 STATE=$(mktemp -d "${TMPDIR:-/tmp}/cairn-bench.XXXXXX")/cluster

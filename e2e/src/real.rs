@@ -3,9 +3,9 @@
 //! running psql against a cluster's Services.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use cairn_api::database::v1::{DatabaseClusterSpec, PostgresSpec, StorageSpec};
+use cairn_api::database::v1::{DatabaseCluster, DatabaseClusterSpec, PostgresSpec, StorageSpec};
 use cairn_testing::{Error, TestNamespace, cluster, wait};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
@@ -164,4 +164,140 @@ pub async fn until_psql(ns: &TestNamespace, host: &str, sql: &str, expected: &st
         },
     )
     .await
+}
+
+/// `status.currentPrimary` of DatabaseCluster `name`.
+pub async fn current_primary(clusters: &Api<DatabaseCluster>, name: &str) -> Result<String> {
+    clusters
+        .get(name)
+        .await?
+        .status
+        .and_then(|s| s.current_primary)
+        .ok_or_else(|| Error::Setup("no status.currentPrimary".into()))
+}
+
+/// The node pod `pod` runs on.
+pub async fn node_of(ns: &TestNamespace, pod: &str) -> Result<String> {
+    ns.api::<Pod>()
+        .get(pod)
+        .await?
+        .spec
+        .and_then(|s| s.node_name)
+        .ok_or_else(|| Error::Setup(format!("{pod} is not scheduled")))
+}
+
+/// A node running another instance of 3-instance cluster `name` than
+/// node `not` (for a client that must outlive `not`).
+pub async fn other_real_node(ns: &TestNamespace, name: &str, not: &str) -> Result<String> {
+    for ordinal in 0..3 {
+        let node = node_of(ns, &format!("{name}-{ordinal}")).await?;
+        if node != not {
+            return Ok(node);
+        }
+    }
+    Err(Error::Setup(format!("every instance runs on {not}")))
+}
+
+/// In the client pod: INSERT a new id into table `ticks` through `host`
+/// every 100 ms, one
+/// connection each (as a pooled client reconnecting would), each attempt
+/// bounded by `timeout` (a frozen server accepts a TCP connection and never
+/// answers); `/tmp/writes` gets `ok|no ID STARTED ENDED` (Unix times) per
+/// attempt.
+pub async fn start_writer(ns: &TestNamespace, host: &str) -> Result {
+    let script = format!(
+        "i=0; while :; do i=$((i+1)); s=$(date +%s.%N); \
+         if timeout 3 psql -h {host} -XAtq -c \"INSERT INTO ticks VALUES ($i)\" >/dev/null 2>&1; \
+         then echo \"ok $i $s $(date +%s.%N)\"; else echo \"no $i $s $(date +%s.%N)\"; fi; \
+         sleep 0.1; done"
+    );
+    let launch = format!(
+        "setsid bash -c '{script}' >/tmp/writes 2>&1 </dev/null & echo $! >/tmp/writer.pid"
+    );
+    exec(ns, &["bash", "-c", &launch]).await.map(drop)
+}
+
+/// Stops the writer [`start_writer`] started.
+pub async fn stop_writer(ns: &TestNamespace) -> Result {
+    exec(ns, &["bash", "-c", "kill -- -$(cat /tmp/writer.pid)"])
+        .await
+        .map(drop)
+}
+
+/// One attempt of the writer.
+pub struct Write {
+    pub ok: bool,
+    pub id: u64,
+    /// Unix time the attempt began.
+    pub started: f64,
+    /// When it was acknowledged (or failed).
+    pub at: f64,
+}
+
+/// Every attempt so far.
+pub async fn writes(ns: &TestNamespace) -> Result<Vec<Write>> {
+    let log = exec(ns, &["cat", "/tmp/writes"]).await?;
+    Ok(log
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            Some(Write {
+                ok: fields.next()? == "ok",
+                id: fields.next()?.parse().ok()?,
+                started: fields.next()?.parse().ok()?,
+                at: fields.next()?.parse().ok()?,
+            })
+        })
+        .collect())
+}
+
+/// Until `count` writes have been acknowledged in all.
+pub async fn until_acknowledged(ns: &TestNamespace, count: usize) -> Result {
+    wait::until(
+        &format!("{count} acknowledged writes"),
+        Duration::from_secs(60),
+        || async {
+            let done = writes(ns).await.map_err(|e| e.to_string())?;
+            let ok = done.iter().filter(|w| w.ok).count();
+            if ok >= count {
+                Ok(Some(()))
+            } else {
+                Err(format!("{ok} acknowledged"))
+            }
+        },
+    )
+    .await
+}
+
+/// Until `count` more writes have been acknowledged after the last failed one.
+pub async fn until_acknowledged_after(ns: &TestNamespace, count: usize) -> Result {
+    wait::until(
+        &format!("{count} writes acknowledged in a row"),
+        READY_TIMEOUT,
+        || async {
+            let done = writes(ns).await.map_err(|e| e.to_string())?;
+            let streak = done.iter().rev().take_while(|w| w.ok).count();
+            if streak >= count {
+                Ok(Some(()))
+            } else {
+                Err(format!("{streak} in a row"))
+            }
+        },
+    )
+    .await
+}
+
+/// Runs `command` in the client pod; its output.
+pub async fn exec(ns: &TestNamespace, command: &[&str]) -> Result<String> {
+    let mut args = vec!["-n", &ns.name, "exec", "client", "--"];
+    args.extend_from_slice(command);
+    Ok(cluster().kubectl(&args).await?.stdout)
+}
+
+/// Seconds since the epoch, as the writer's `date +%s.%N`.
+pub fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or_default()
 }

@@ -6,13 +6,14 @@
 //! write the new timeline lost.
 
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use cairn_api::database::instance::ROLE_LABEL;
 use cairn_api::database::v1::DatabaseCluster;
 use cairn_e2e::real::{
-    READY_TIMEOUT, cluster_spec, enforce_restricted_pod_security, install_controller, psql,
-    start_client_on, until_psql,
+    READY_TIMEOUT, Write, cluster_spec, current_primary, enforce_restricted_pod_security,
+    install_controller, node_of, other_real_node, psql, start_client_on, start_writer, stop_writer,
+    unix_now, until_acknowledged, until_acknowledged_after, until_psql, writes,
 };
 use cairn_testing::{Error, LocalCluster, TestNamespace, cluster, wait};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -40,12 +41,12 @@ async fn a_stopped_primary_node_fails_over_and_the_old_primary_rejoins() -> Resu
         .await?;
     until_ready(&clusters, |_| true).await?;
     an_instance_writes_only_its_own_lease_and_no_pod(&ns).await?;
-    let old_primary = current_primary(&clusters).await?;
+    let old_primary = current_primary(&clusters, CLUSTER).await?;
     let node = node_of(&ns, &old_primary).await?;
-    let other_node = other_real_node(&ns, &node).await?;
+    let other_node = other_real_node(&ns, CLUSTER, &node).await?;
     start_client_on(&ns, CLUSTER, Some(&other_node)).await?;
     psql(&ns, RW, "CREATE TABLE ticks (id bigint PRIMARY KEY)").await?;
-    start_writer(&ns).await?;
+    start_writer(&ns, RW).await?;
     until_acknowledged(&ns, 20).await?;
 
     let number = LocalCluster::real_node_number(&node)
@@ -235,130 +236,4 @@ async fn until_ready(
     )
     .await?;
     Ok(())
-}
-
-async fn current_primary(clusters: &Api<DatabaseCluster>) -> Result<String> {
-    clusters
-        .get(CLUSTER)
-        .await?
-        .status
-        .and_then(|s| s.current_primary)
-        .ok_or_else(|| Error::Setup("no status.currentPrimary".into()))
-}
-
-async fn node_of(ns: &TestNamespace, pod: &str) -> Result<String> {
-    ns.api::<Pod>()
-        .get(pod)
-        .await?
-        .spec
-        .and_then(|s| s.node_name)
-        .ok_or_else(|| Error::Setup(format!("{pod} is not scheduled")))
-}
-
-/// A node running another instance of the cluster, for the client.
-async fn other_real_node(ns: &TestNamespace, not: &str) -> Result<String> {
-    for ordinal in 0..3 {
-        let node = node_of(ns, &format!("{CLUSTER}-{ordinal}")).await?;
-        if node != not {
-            return Ok(node);
-        }
-    }
-    Err(Error::Setup(format!("every instance runs on {not}")))
-}
-
-/// In the client pod: INSERT a new id through `-rw` every 100 ms, one
-/// connection each (as a pooled client reconnecting would), each attempt
-/// bounded by `timeout` (a frozen server accepts a TCP connection and never
-/// answers); `/tmp/writes` gets `ok|no ID STARTED ENDED` (Unix times) per
-/// attempt.
-async fn start_writer(ns: &TestNamespace) -> Result {
-    let script = format!(
-        "i=0; while :; do i=$((i+1)); s=$(date +%s.%N); \
-         if timeout 3 psql -h {RW} -XAtq -c \"INSERT INTO ticks VALUES ($i)\" >/dev/null 2>&1; \
-         then echo \"ok $i $s $(date +%s.%N)\"; else echo \"no $i $s $(date +%s.%N)\"; fi; \
-         sleep 0.1; done"
-    );
-    let launch = format!(
-        "setsid bash -c '{script}' >/tmp/writes 2>&1 </dev/null & echo $! >/tmp/writer.pid"
-    );
-    exec(ns, &["bash", "-c", &launch]).await.map(drop)
-}
-
-async fn stop_writer(ns: &TestNamespace) -> Result {
-    exec(ns, &["bash", "-c", "kill -- -$(cat /tmp/writer.pid)"])
-        .await
-        .map(drop)
-}
-
-struct Write {
-    ok: bool,
-    id: u64,
-    started: f64,
-    /// When it was acknowledged (or failed).
-    at: f64,
-}
-
-async fn writes(ns: &TestNamespace) -> Result<Vec<Write>> {
-    let log = exec(ns, &["cat", "/tmp/writes"]).await?;
-    Ok(log
-        .lines()
-        .filter_map(|line| {
-            let mut fields = line.split_whitespace();
-            Some(Write {
-                ok: fields.next()? == "ok",
-                id: fields.next()?.parse().ok()?,
-                started: fields.next()?.parse().ok()?,
-                at: fields.next()?.parse().ok()?,
-            })
-        })
-        .collect())
-}
-
-/// Until `count` writes have been acknowledged in all.
-async fn until_acknowledged(ns: &TestNamespace, count: usize) -> Result {
-    wait::until(
-        &format!("{count} acknowledged writes"),
-        Duration::from_secs(60),
-        || async {
-            let done = writes(ns).await.map_err(|e| e.to_string())?;
-            let ok = done.iter().filter(|w| w.ok).count();
-            if ok >= count {
-                Ok(Some(()))
-            } else {
-                Err(format!("{ok} acknowledged"))
-            }
-        },
-    )
-    .await
-}
-
-/// Until `count` more writes have been acknowledged after the last failed one.
-async fn until_acknowledged_after(ns: &TestNamespace, count: usize) -> Result {
-    wait::until(
-        &format!("{count} writes acknowledged in a row"),
-        READY_TIMEOUT,
-        || async {
-            let done = writes(ns).await.map_err(|e| e.to_string())?;
-            let streak = done.iter().rev().take_while(|w| w.ok).count();
-            if streak >= count {
-                Ok(Some(()))
-            } else {
-                Err(format!("{streak} in a row"))
-            }
-        },
-    )
-    .await
-}
-
-async fn exec(ns: &TestNamespace, command: &[&str]) -> Result<String> {
-    let mut args = vec!["-n", &ns.name, "exec", "client", "--"];
-    args.extend_from_slice(command);
-    Ok(cluster().kubectl(&args).await?.stdout)
-}
-
-fn unix_now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or_default()
 }
