@@ -76,10 +76,20 @@ fn managed_parameters() -> BTreeMap<&'static str, String> {
 }
 
 /// Defaults written before `spec.postgres.parameters`, which may override them.
-fn default_parameters() -> BTreeMap<&'static str, String> {
-    // WAL a replica or a rewound former primary may still need after a
-    // disconnection or a failover (pg_rewind reads it from the old primary).
-    BTreeMap::from([("wal_keep_size", "'256MB'".to_owned())])
+fn default_parameters(cluster: &DatabaseCluster) -> BTreeMap<&'static str, String> {
+    // The WAL replication slots may hold for a replica that stopped: a tenth
+    // of the volume (at least 64 MB), so a dead replica cannot fill the
+    // primary's disk; beyond it the replica must be cloned again.
+    let volume_bytes = cairn_api::validate::parse_quantity(&cluster.spec.storage.size)
+        .unwrap_or(0)
+        / 1_000_000_000; // the quantity is in billionths
+    let slot_keep_mb = (volume_bytes / 10 / (1024 * 1024)).max(64);
+    BTreeMap::from([
+        // WAL a replica or a rewound former primary may still need after a
+        // disconnection or a failover (pg_rewind reads it from the old primary).
+        ("wal_keep_size", "'256MB'".to_owned()),
+        ("max_slot_wal_keep_size", format!("'{slot_keep_mb}MB'")),
+    ])
 }
 
 /// The names of a cluster's children.
@@ -159,7 +169,10 @@ fn postgresql_conf(cluster: &DatabaseCluster) -> String {
     let mut conf = String::from(
         "# Written by cairn-database-controller; edit spec.postgres.parameters instead.\n",
     );
-    for (name, value) in managed_parameters().into_iter().chain(default_parameters()) {
+    for (name, value) in managed_parameters()
+        .into_iter()
+        .chain(default_parameters(cluster))
+    {
         let _ = writeln!(conf, "{name} = {value}");
     }
     for (name, value) in &cluster.spec.postgres.parameters {
@@ -712,6 +725,15 @@ mod tests {
         assert!(conf.contains("wal_level = replica\n"), "{conf}");
         assert!(conf.contains("work_mem = '64MB'\n"), "{conf}");
         assert!(conf.contains("search_path = 'a''s'\n"), "{conf}");
+    }
+
+    #[test]
+    fn slots_keep_at_most_a_tenth_of_the_volume() {
+        let conf = postgresql_conf(&cluster(&[]));
+        assert!(
+            conf.contains("max_slot_wal_keep_size = '102MB'\n"),
+            "{conf}"
+        );
     }
 
     #[test]

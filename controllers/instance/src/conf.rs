@@ -11,6 +11,8 @@ pub struct InstanceSettings<'a> {
     pub hba_file: &'a Path,
     /// Where a replica streams from; `None` on a primary.
     pub primary_conninfo: Option<String>,
+    /// The replica's replication slot on its primary; `None` on a primary.
+    pub primary_slot_name: Option<String>,
 }
 
 /// `postgresql.conf` in the data folder: the controller's file, then the
@@ -39,7 +41,23 @@ pub fn postgresql_conf(controller_conf: &str, settings: &InstanceSettings) -> St
         "primary_conninfo",
         settings.primary_conninfo.as_deref().unwrap_or(""),
     );
+    set(
+        "primary_slot_name",
+        settings.primary_slot_name.as_deref().unwrap_or(""),
+    );
     conf
+}
+
+/// The physical replication slot an instance streams through: its pod name,
+/// in the letters a slot name may have (a-z, 0-9, _; at most 63).
+pub fn slot_name(pod: &str) -> String {
+    pod.chars()
+        .map(|c| match c.to_ascii_lowercase() {
+            c @ ('a'..='z' | '0'..='9' | '_') => c,
+            _ => '_',
+        })
+        .take(63)
+        .collect()
 }
 
 /// A libpq connection string to the primary; the password comes from a
@@ -104,6 +122,7 @@ mod tests {
             socket_dir: Path::new("/run/pg"),
             hba_file: Path::new("/etc/cairn/config/pg_hba.conf"),
             primary_conninfo,
+            primary_slot_name: None,
         }
     }
 
@@ -132,6 +151,12 @@ mod tests {
         let conf = postgresql_conf("", &settings(Some(info)));
         assert!(conf.contains("primary_conninfo = 'host=orders-rw port=5432"));
         assert!(!conf.contains("password="));
+    }
+
+    #[test]
+    fn slot_names_are_pod_names_in_slot_letters() {
+        assert_eq!(slot_name("orders-1"), "orders_1");
+        assert_eq!(slot_name(&"a".repeat(70)).len(), 63);
     }
 
     #[test]

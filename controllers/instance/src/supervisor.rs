@@ -219,6 +219,12 @@ impl Supervisor {
                 }
             }
         }
+        if role == Role::Replica
+            && let Err(message) = self.ensure_slot().await
+        {
+            // Streaming waits for the slot; the watch loop tries again.
+            tracing::warn!(%message, "no replication slot yet");
+        }
         self.write_conf(role)?;
         // A primary's folder that holds standby.signal keeps it: it starts in
         // recovery and is promoted (a new timeline), never just restarted.
@@ -348,6 +354,39 @@ impl Supervisor {
         Ok(())
     }
 
+    fn slot_name(&self) -> String {
+        conf::slot_name(self.config.pod_name.as_deref().unwrap_or("cairn-instance"))
+    }
+
+    /// Makes sure the primary keeps this replica's replication slot, so it
+    /// keeps the WAL this replica has not received (up to the controller's
+    /// `max_slot_wal_keep_size`). Slots are not replicated: after a failover
+    /// each replica creates its slot on the new primary this way.
+    async fn ensure_slot(&self) -> Result<(), String> {
+        let host = self.primary_host()?;
+        let (client, connection) = self
+            .superuser(&host, self.config.primary_port)?
+            .connect_timeout(Duration::from_secs(5))
+            .connect(tokio_postgres::NoTls)
+            .await
+            .map_err(|e| format!("cannot reach the primary {host} for a replication slot: {e}"))?;
+        tokio::spawn(connection);
+        let slot = self.slot_name();
+        let created = client
+            .query(
+                "SELECT pg_create_physical_replication_slot($1, true)
+                 WHERE NOT pg_is_in_recovery()
+                   AND NOT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)",
+                &[&slot],
+            )
+            .await
+            .map_err(|e| format!("replication slot {slot} on {host}: {e}"))?;
+        if !created.is_empty() {
+            tracing::info!(%slot, %host, "created this replica's replication slot on the primary");
+        }
+        Ok(())
+    }
+
     async fn initdb(&self) -> Result<(), String> {
         let target = sibling(&self.config.data_dir, "initdb");
         let superuser_password = self
@@ -448,6 +487,7 @@ impl Supervisor {
             )),
         };
         let hba_file = self.config.config_dir.join("pg_hba.conf");
+        let primary_slot_name = (role == Role::Replica).then(|| self.slot_name());
         let text = conf::postgresql_conf(
             &controller_conf,
             &conf::InstanceSettings {
@@ -456,6 +496,7 @@ impl Supervisor {
                 socket_dir: &self.config.run_dir,
                 hba_file: &hba_file,
                 primary_conninfo,
+                primary_slot_name,
             },
         );
         write_atomically(&self.config.data_dir.join("postgresql.conf"), &text, 0o600)
@@ -650,6 +691,11 @@ impl Supervisor {
             }
             if sample.streaming {
                 last_streaming = Some(Instant::now());
+            } else if assigned == Role::Replica
+                && tick.is_multiple_of(5)
+                && let Err(message) = self.ensure_slot().await
+            {
+                tracing::debug!(%message, "no replication slot yet");
             }
             let silence = last_streaming.map(|at| at.elapsed());
             let ready = observe::readiness(assigned, &sample, silence, roles_ready, limits);

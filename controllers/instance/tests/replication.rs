@@ -47,6 +47,26 @@ async fn a_primary_and_two_replicas_stream_and_resume() -> Result {
         replicas.push(replica);
     }
 
+    // Each replica streams through its own slot on the primary.
+    let slots = primary.sql().await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let active: Vec<String> = slots
+            .query(
+                "SELECT slot_name::text FROM pg_replication_slots WHERE active ORDER BY 1",
+                &[],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        if active == ["orders_1", "orders_2"] {
+            break;
+        }
+        assert!(Instant::now() < deadline, "active slots: {active:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
     // A row written on the primary is readable on both replicas within 5 s.
     app.execute("INSERT INTO orders VALUES (1, 'tea')", &[])
         .await?;
