@@ -3,7 +3,8 @@
 //! deleted) while a client pod commits rows through `<name>-rw` in a loop. A
 //! replica is promoted, `-rw` follows it, writes resume; when the node
 //! returns, the old primary rejoins as a replica, and it never acknowledged a
-//! write the new timeline lost.
+//! write the new timeline lost. Then a switchover back, on request, loses no
+//! row either.
 
 use std::collections::BTreeSet;
 use std::time::Instant;
@@ -59,7 +60,9 @@ async fn a_stopped_primary_node_fails_over_and_the_old_primary_rejoins() -> Resu
     let result = failover_and_rejoin(&ns, &clusters, &old_primary, number, frozen).await;
     // The node runs again whatever happened, for the suites after this one.
     cluster().start_node(number)?;
-    result?;
+    let new_primary = result?;
+    // Back to the old primary, on request: no row lost, writes resume.
+    switch_over(&ns, &clusters, &old_primary).await?;
 
     stop_writer(&ns).await?;
     let writes = writes(&ns).await?;
@@ -102,11 +105,50 @@ async fn a_stopped_primary_node_fails_over_and_the_old_primary_rejoins() -> Resu
         first_after.is_some(),
         "no write succeeded after the failover"
     );
-    // The rejoined old primary replays the new primary's timeline: every row.
+    // The demoted primary replays the switched-to primary's timeline: every row.
     let count = psql(&ns, RW, "SELECT count(*) FROM ticks").await?;
-    let old_host = format!("{old_primary}.{CLUSTER}");
-    until_psql(&ns, &old_host, "SELECT count(*) FROM ticks", &count).await?;
+    let demoted = format!("{new_primary}.{CLUSTER}");
+    until_psql(&ns, &demoted, "SELECT count(*) FROM ticks", &count).await?;
     Ok(())
+}
+
+/// `kubectl annotate dbc ledger database.cairn.dev/switchover-to=<to>`:
+/// waits until it completed, `-rw` reaches `to`, and writes go through.
+async fn switch_over(ns: &TestNamespace, clusters: &Api<DatabaseCluster>, to: &str) -> Result {
+    let annotate = format!("database.cairn.dev/switchover-to={to}");
+    cluster()
+        .kubectl(&["-n", &ns.name, "annotate", "dbc", CLUSTER, &annotate])
+        .await?;
+    let done = wait::for_object(
+        clusters,
+        CLUSTER,
+        "the switchover completed",
+        READY_TIMEOUT,
+        |c| {
+            c.status
+                .as_ref()
+                .and_then(|s| s.last_switchover.as_ref())
+                .is_some_and(|r| r.to == to && r.completed_at.is_some())
+        },
+    )
+    .await?;
+    let record = done
+        .status
+        .and_then(|s| s.last_switchover)
+        .ok_or_else(|| Error::Setup("no lastSwitchover".into()))?;
+    eprintln!(
+        "switchover: {} → {}, writes unavailable {:?} s (status)",
+        record.from, record.to, record.write_unavailable_seconds
+    );
+    until_psql(
+        ns,
+        &format!("{to}.{CLUSTER}"),
+        "SELECT pg_is_in_recovery()",
+        "f",
+    )
+    .await?;
+    until_psql(ns, RW, "SELECT pg_is_in_recovery()", "f").await?;
+    until_acknowledged_after(ns, 20).await
 }
 
 /// With the token the kubelet gives pod `ledger-1`: its own Lease may be
@@ -151,7 +193,7 @@ async fn failover_and_rejoin(
     old_primary: &str,
     node: u32,
     frozen: Instant,
-) -> Result {
+) -> Result<String> {
     let promoted = wait::for_object(clusters, CLUSTER, "another primary", READY_TIMEOUT, |c| {
         c.status
             .as_ref()
@@ -215,7 +257,8 @@ async fn failover_and_rejoin(
             .and_then(|s| s.last_failover.as_ref())
             .is_some_and(|f| f.completed_at.is_some())
     })
-    .await
+    .await?;
+    Ok(new_primary)
 }
 
 async fn until_ready(

@@ -67,6 +67,8 @@ struct StatusExtras {
     initialized: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     last_failover: Option<v1::FailoverRecord>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    last_switchover: Option<v1::SwitchoverRecord>,
     /// v1 had a status with none of v1alpha1's fields set.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     empty_endpoints: bool,
@@ -122,6 +124,7 @@ pub fn to_v1alpha1(cluster: v1::DatabaseCluster) -> v1alpha1::DatabaseCluster {
             postgres_version: status.postgres_version,
             initialized: status.initialized,
             last_failover: status.last_failover,
+            last_switchover: status.last_switchover,
             empty_endpoints,
         };
         keep(&mut metadata, STATUS_ANNOTATION, &extras);
@@ -175,6 +178,7 @@ pub fn to_v1(cluster: v1alpha1::DatabaseCluster) -> Result<v1::DatabaseCluster, 
             postgres_version: status_extras.postgres_version,
             initialized: status_extras.initialized,
             last_failover: status_extras.last_failover,
+            last_switchover: status_extras.last_switchover,
         }
     });
     let mut converted = v1::DatabaseCluster::new(

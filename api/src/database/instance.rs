@@ -85,6 +85,10 @@ pub struct ObservedState {
     /// `server_version` of the running server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_version: Option<String>,
+    /// After a clean stop as a primary (a demotion): its shutdown checkpoint's
+    /// position, which every streaming replica received. Absent while running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shutdown_position: Option<String>,
     /// Why the server is not serving in its assigned role, when it is not
     /// (bootstrap refused, fenced, crash-looping...).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -311,6 +311,32 @@ pub struct DatabaseClusterStatus {
     /// The last automated failover.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failover: Option<FailoverRecord>,
+    /// The switchover under way, or the last one (requested with the
+    /// annotation `database.cairn.dev/switchover-to: <pod>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_switchover: Option<SwitchoverRecord>,
+}
+
+/// A switchover: the primary demoted, then the target promoted once it
+/// replayed all of the old primary's WAL.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SwitchoverRecord {
+    /// The pod that was the primary.
+    pub from: String,
+    /// The pod requested as the new primary.
+    pub to: String,
+    /// When the old primary was told to stop taking writes.
+    pub started_at: Time,
+    /// When the target was promoted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub promoted_at: Option<Time>,
+    /// When the new primary first reported serving writes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<Time>,
+    /// Seconds without a primary taking writes, from `startedAt` to `completedAt`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_unavailable_seconds: Option<f64>,
 }
 
 /// An automated failover: which pod lost the primary role, which got it, and when.

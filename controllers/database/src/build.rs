@@ -80,8 +80,7 @@ fn default_parameters(cluster: &DatabaseCluster) -> BTreeMap<&'static str, Strin
     // The WAL replication slots may hold for a replica that stopped: a tenth
     // of the volume (at least 64 MB), so a dead replica cannot fill the
     // primary's disk; beyond it the replica must be cloned again.
-    let volume_bytes = cairn_api::validate::parse_quantity(&cluster.spec.storage.size)
-        .unwrap_or(0)
+    let volume_bytes = cairn_api::validate::parse_quantity(&cluster.spec.storage.size).unwrap_or(0)
         / 1_000_000_000; // the quantity is in billionths
     let slot_keep_mb = (volume_bytes / 10 / (1024 * 1024)).max(64);
     BTreeMap::from([

@@ -13,6 +13,7 @@ mod fixtures;
 pub mod metrics;
 pub mod reconcile;
 pub mod status;
+pub mod switchover;
 pub mod webhook;
 
 /// The API group this controller reconciles.

@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cairn_api::database::instance::{BOOTSTRAP_ANNOTATION, BOOTSTRAP_INITDB, FENCED_ANNOTATION};
-use cairn_api::database::v1::{DatabaseCluster, DatabaseClusterStatus, FailoverRecord};
+use cairn_api::database::v1::{
+    DatabaseCluster, DatabaseClusterStatus, FailoverRecord, SwitchoverRecord,
+};
 use cairn_api::validate;
 use cairn_runtime::apply::apply;
 use cairn_runtime::conditions::Time;
@@ -35,7 +37,8 @@ use crate::build::{self, Names, ROLE_LABEL, ROLE_PRIMARY, ROLE_REPLICA};
 use crate::error::Error;
 use crate::failover::{self, Decision, Member, Policy};
 use crate::metrics::ClusterMetrics;
-use crate::status::{self, DEGRADED, Instances, PROGRESSING, READY};
+use crate::status::{self, DEGRADED, Instances, PROGRESSING, READY, Switching};
+use crate::switchover::{self, SWITCHOVER_ANNOTATION, Step};
 
 /// The failover delay while the StatefulSet rolls the pods (it restarts the
 /// primary in place; a controller-driven roll with a switchover is not built).
@@ -107,7 +110,15 @@ pub async fn reconcile(cluster: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Resu
         .and_then(|s| s.last_failover.clone());
     let mut waiting = None;
     let instances = Instances::of(Some(&stateful_set));
-    let recheck = match decide(&ctx, &cluster, &primary, &members, instances, now.0) {
+    let switching = switch_over(&ctx, &cluster, &mut primary, &members, &now).await?;
+    let decision = match switching.demoted {
+        // Between the demotion and the promotion no primary serves, by design.
+        true => Decision::Keep {
+            recheck: Duration::from_secs(1),
+        },
+        false => decide(&ctx, &cluster, &primary, &members, instances, now.0),
+    };
+    let recheck = match decision {
         Decision::Keep { recheck } => recheck,
         Decision::Wait { reason, recheck } => {
             waiting = Some(reason);
@@ -134,7 +145,8 @@ pub async fn reconcile(cluster: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Resu
         }
     };
     let initialized = is_initialized(&cluster, &primary, &members);
-    label_roles(&ctx, &cluster, &primary, initialized).await?;
+    let labelled_primary = (!switching.demoted).then_some(primary.as_str());
+    label_roles(&ctx, &cluster, labelled_primary, initialized).await?;
     let blocked_storage = grow_storage(&ctx, &cluster).await?;
     let mut observed = status::observe(&cluster, instances, &primary, &now);
     observed.initialized = initialized;
@@ -156,6 +168,7 @@ pub async fn reconcile(cluster: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Resu
             .observe(took.as_secs_f64().max(0.0));
     }
     status::failover(&mut observed, &cluster, last_failover, waiting, &now);
+    status::switchover(&mut observed, &cluster, switching, &now);
     if let Some(class) = blocked_storage {
         status::storage_not_expandable(&mut observed, &cluster, &class, &now);
     }
@@ -307,31 +320,139 @@ async fn promote(
             .patch(&record.to, &PatchParams::default(), &Patch::Merge(&unfence))
             .await?;
     }
-    let clusters = Api::<DatabaseCluster>::namespaced(ctx.client.clone(), &namespace);
-    let decided = json!({ "status": { "currentPrimary": record.to, "lastFailover": record } });
-    clusters
+    record_decision(
+        ctx,
+        cluster,
+        json!({ "currentPrimary": record.to, "lastFailover": record }),
+    )
+    .await?;
+    ctx.metrics.failovers.inc();
+    tracing::warn!(from = %record.from, to = %record.to, reason = %record.reason, "primary lost: promoting a replica");
+    let note = format!(
+        "primary {} lost ({}): promoted {}",
+        record.from, record.reason, record.to
+    );
+    publish(ctx, cluster, EventType::Warning, "FailedOver", note).await;
+    Ok(true)
+}
+
+/// Writes a decision into the status at once (a merge patch of `fields`),
+/// before acting on it: a crash in between repeats the decision, never
+/// forgets it.
+async fn record_decision(
+    ctx: &Context,
+    cluster: &DatabaseCluster,
+    fields: serde_json::Value,
+) -> Result<(), Error> {
+    let namespace = cluster.namespace().unwrap_or_default();
+    Api::<DatabaseCluster>::namespaced(ctx.client.clone(), &namespace)
         .patch_status(
             &cluster.name_any(),
             &PatchParams::default(),
-            &Patch::Merge(&decided),
+            &Patch::Merge(&json!({ "status": fields })),
         )
         .await?;
-    ctx.metrics.failovers.inc();
-    tracing::warn!(from = %record.from, to = %record.to, reason = %record.reason, "primary lost: promoting a replica");
+    Ok(())
+}
+
+async fn publish(
+    ctx: &Context,
+    cluster: &DatabaseCluster,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
     let event = Event {
-        type_: EventType::Warning,
-        reason: "FailedOver".to_owned(),
-        note: Some(format!(
-            "primary {} lost ({}): promoted {}",
-            record.from, record.reason, record.to
-        )),
-        action: "Promote".to_owned(),
+        type_,
+        reason: reason.to_owned(),
+        note: Some(note),
+        action: reason.to_owned(),
         secondary: None,
     };
     if let Err(e) = ctx.recorder.publish(&event, &cluster.object_ref(&())).await {
+        // An Event is a courtesy; losing one must not fail the reconcile.
         tracing::warn!(error = %e, "could not publish an Event");
     }
-    Ok(true)
+}
+
+/// Takes the next step of a requested switchover (see `switchover.rs`).
+async fn switch_over(
+    ctx: &Context,
+    cluster: &DatabaseCluster,
+    primary: &mut String,
+    members: &[Member],
+    now: &Time,
+) -> Result<Switching, Error> {
+    let requested = cluster
+        .annotations()
+        .get(SWITCHOVER_ANNOTATION)
+        .map(String::as_str);
+    let mut record = cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.last_switchover.clone());
+    let mut note = None;
+    match switchover::next(requested, primary, record.as_ref(), members) {
+        Step::None => {}
+        Step::Refuse(why) => note = Some((status::reason::SWITCHOVER_REFUSED, why)),
+        Step::Wait(why) => note = Some((status::reason::SWITCHING_OVER, why)),
+        Step::Demote { from, to } => {
+            let started = SwitchoverRecord {
+                from,
+                to,
+                started_at: now.clone(),
+                promoted_at: None,
+                completed_at: None,
+                write_unavailable_seconds: None,
+            };
+            record_decision(ctx, cluster, json!({ "lastSwitchover": started })).await?;
+            let message = format!("demoting {} to promote {}", started.from, started.to);
+            publish(
+                ctx,
+                cluster,
+                EventType::Normal,
+                "SwitchoverStarted",
+                message.clone(),
+            )
+            .await;
+            note = Some((status::reason::SWITCHING_OVER, message));
+            record = Some(started);
+        }
+        Step::Promote => {
+            if let Some(promoted) = record.as_mut() {
+                promoted.promoted_at = Some(now.clone());
+                record_decision(
+                    ctx,
+                    cluster,
+                    json!({ "currentPrimary": promoted.to, "lastSwitchover": promoted }),
+                )
+                .await?;
+                primary.clone_from(&promoted.to);
+            }
+        }
+    }
+    if let Some(done) = record.as_mut()
+        && done.promoted_at.is_some()
+        && done.completed_at.is_none()
+        && members
+            .iter()
+            .any(|m| m.pod == done.to && m.serves_as_primary())
+    {
+        let took = now.0.duration_since(done.started_at.0).as_secs_f64();
+        done.completed_at = Some(now.clone());
+        done.write_unavailable_seconds = Some((took * 10.0).round() / 10.0);
+        let message = format!(
+            "{} is the primary; writes were unavailable for {took:.1} s",
+            done.to
+        );
+        publish(ctx, cluster, EventType::Normal, "SwitchedOver", message).await;
+    }
+    let demoted = record.as_ref().is_some_and(|r| r.promoted_at.is_none());
+    Ok(Switching {
+        record,
+        demoted,
+        note,
+    })
 }
 
 /// The pod running the primary: the one recorded in the status, or ordinal 0
@@ -491,12 +612,13 @@ async fn ensure_credentials(ctx: &Context, cluster: &DatabaseCluster) -> Result<
 }
 
 /// Sets the role label on each instance pod where it differs, replicas
-/// first (so `-rw` never selects two pods), and the bootstrap annotation on
-/// the primary of a cluster not yet initialised (removed once it is).
+/// first (so `-rw` never selects two pods; none is primary during a
+/// switchover's demotion), and the bootstrap annotation on the primary of a
+/// cluster not yet initialised (removed once it is).
 async fn label_roles(
     ctx: &Context,
     cluster: &DatabaseCluster,
-    primary: &str,
+    primary: Option<&str>,
     initialized: bool,
 ) -> Result<(), Error> {
     let namespace = cluster.namespace().unwrap_or_default();
@@ -506,9 +628,9 @@ async fn label_roles(
         pod.namespace().as_deref() == Some(namespace.as_str())
             && pod.labels().get("app.kubernetes.io/instance") == Some(&name)
     });
-    pods.sort_by_key(|pod| pod.name_any() == primary);
+    pods.sort_by_key(|pod| Some(pod.name_any().as_str()) == primary);
     for pod in pods {
-        let is_primary = pod.name_any() == primary;
+        let is_primary = Some(pod.name_any().as_str()) == primary;
         let role = if is_primary {
             ROLE_PRIMARY
         } else {

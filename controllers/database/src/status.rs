@@ -2,6 +2,7 @@
 
 use cairn_api::database::v1::{
     DatabaseCluster, DatabaseClusterPhase, DatabaseClusterStatus, Endpoints, FailoverRecord,
+    SwitchoverRecord,
 };
 use cairn_runtime::conditions::{self, Condition, Time};
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -29,6 +30,8 @@ pub mod reason {
     pub const RESTORE_NOT_SUPPORTED: &str = "RestoreNotSupported";
     pub const FAILING_OVER: &str = "FailingOver";
     pub const FAILOVER_BLOCKED: &str = "FailoverBlocked";
+    pub const SWITCHING_OVER: &str = "SwitchingOver";
+    pub const SWITCHOVER_REFUSED: &str = "SwitchoverRefused";
     pub const STORAGE_EXPANSION_NOT_SUPPORTED: &str = "StorageExpansionNotSupported";
 }
 
@@ -282,6 +285,58 @@ fn base(cluster: &DatabaseCluster) -> DatabaseClusterStatus {
         )),
     });
     status
+}
+
+/// Where a requested switchover stands after a reconcile.
+pub struct Switching {
+    pub record: Option<SwitchoverRecord>,
+    /// Between the demotion and the promotion: no primary on purpose.
+    pub demoted: bool,
+    /// A condition reason and message to show, if any.
+    pub note: Option<(&'static str, String)>,
+}
+
+/// Records the switchover; while one is under way it is `Progressing`
+/// (planned: not `Degraded`), and a refused request says why.
+pub fn switchover(
+    status: &mut DatabaseClusterStatus,
+    cluster: &DatabaseCluster,
+    switching: Switching,
+    now: &Time,
+) {
+    let generation = cluster.metadata.generation;
+    let under_way = switching
+        .record
+        .as_ref()
+        .is_some_and(|r| r.completed_at.is_none());
+    status.last_switchover = switching.record;
+    let mut set = |type_: &str, value: bool, reason: &str, message: &str| {
+        conditions::set(
+            &mut status.conditions,
+            conditions::new(type_, value, reason, message, generation, now.clone()),
+        );
+    };
+    match switching.note {
+        Some((reason::SWITCHOVER_REFUSED, message)) => {
+            set(PROGRESSING, false, reason::SWITCHOVER_REFUSED, &message);
+        }
+        Some((why, message)) => set(PROGRESSING, true, why, &message),
+        None if under_way => set(
+            PROGRESSING,
+            true,
+            reason::SWITCHING_OVER,
+            "waiting for the new primary to serve",
+        ),
+        None => return,
+    }
+    if under_way {
+        set(
+            DEGRADED,
+            false,
+            reason::SWITCHING_OVER,
+            "a planned switchover",
+        );
+    }
 }
 
 /// The condition of `type_` in `status`, if any.

@@ -45,6 +45,8 @@ pub struct Status {
     pub replication_lag_bytes: Option<i64>,
     pub replication_lag_seconds: Option<f64>,
     pub received_position: Option<String>,
+    /// The shutdown checkpoint of a primary stopped for a demotion.
+    pub shutdown_position: Option<String>,
     pub streaming: Option<bool>,
     pub server_version: Option<String>,
     pub pending_restart: Vec<String>,
@@ -92,6 +94,7 @@ impl State {
                 wal_position: status.wal_position.clone(),
                 received_position: status.received_position.clone(),
                 server_version: status.server_version.clone(),
+                shutdown_position: status.shutdown_position.clone(),
                 problem: (!status.ready)
                     .then(|| status.last_error.clone().or_else(|| status.reason.clone()))
                     .flatten(),

@@ -111,7 +111,10 @@ impl Supervisor {
                     tracing::warn!(%reason, "stopping postgres to restart it in another role");
                     match fenced {
                         true => self.stop_now(&mut postgres).await,
-                        false => self.stop(&mut postgres, false).await,
+                        false => {
+                            self.stop(&mut postgres, false).await;
+                            self.report_shutdown_position().await;
+                        }
                     }
                     continue;
                 }
@@ -233,6 +236,19 @@ impl Supervisor {
                 .map_err(|e| format!("standby.signal: {e}"))?;
         }
         Ok(())
+    }
+
+    /// After a demotion: where the shutdown checkpoint is, so the controller
+    /// promotes a replica only once it has received everything up to it.
+    async fn report_shutdown_position(&self) {
+        match self.control_data().await {
+            Ok(control) => {
+                tracing::info!(position = ?control.checkpoint, "stopped as a primary");
+                self.state
+                    .update(|s| s.shutdown_position = control.checkpoint);
+            }
+            Err(message) => tracing::warn!(%message, "cannot read the shutdown checkpoint"),
+        }
     }
 
     /// What the folder's control file says (pg_controldata).
@@ -528,6 +544,7 @@ impl Supervisor {
             .spawn(&mut postgres)
             .map_err(|e| format!("cannot start postgres: {e}"))?;
         tracing::info!(pid = child.pid.as_raw(), "postgres started");
+        self.state.update(|s| s.shutdown_position = None);
         self.state.answered();
         self.state.phase(Phase::Running);
         Ok(child)
@@ -967,6 +984,8 @@ fn data_folder(data: &Path) -> Result<DataFolder, String> {
 struct ControlData {
     was_primary: bool,
     timeline: u32,
+    /// `Latest checkpoint location`, as `X/Y`.
+    checkpoint: Option<String>,
 }
 
 impl ControlData {
@@ -983,6 +1002,7 @@ impl ControlData {
         Some(Self {
             was_primary: !in_recovery && !has_backup_label,
             timeline,
+            checkpoint: field("Latest checkpoint location").map(str::to_owned),
         })
     }
 }

@@ -1,0 +1,193 @@
+//! Switchover on request (pure): `kubectl annotate dbc NAME
+//! database.cairn.dev/switchover-to=POD`. The old primary is demoted first
+//! (relabelled replica: it stops, sending its last WAL to the streaming
+//! replicas), the target is promoted only once it has replayed all of it, so
+//! no committed transaction is lost. Applied by `reconcile`; the progress is
+//! in `status.lastSwitchover`.
+
+use cairn_api::database::instance::{ROLE_PRIMARY, ROLE_REPLICA, parse_lsn};
+use cairn_api::database::v1::SwitchoverRecord;
+
+use crate::failover::Member;
+
+/// The annotation a user sets to the pod that should become the primary.
+pub const SWITCHOVER_ANNOTATION: &str = "database.cairn.dev/switchover-to";
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Step {
+    /// Nothing requested, or done.
+    None,
+    /// The request cannot be carried out; why.
+    Refuse(String),
+    /// Start: demote `from` (no pod labelled primary until the promotion).
+    Demote { from: String, to: String },
+    /// The old primary is stopping, or the target has not replayed all of
+    /// its WAL yet; why.
+    Wait(String),
+    /// The target has everything: promote it.
+    Promote,
+}
+
+/// The next step towards `requested`, given the current primary, the record
+/// of the switchover under way (or the last one), and the members.
+pub fn next(
+    requested: Option<&str>,
+    primary: &str,
+    record: Option<&SwitchoverRecord>,
+    members: &[Member],
+) -> Step {
+    let under_way = record.filter(|r| r.promoted_at.is_none());
+    if let Some(record) = under_way {
+        return progress(record, members);
+    }
+    let Some(target) = requested else {
+        return Step::None;
+    };
+    if target == primary {
+        return Step::None; // done, or nothing to do
+    }
+    let Some(member) = members.iter().find(|m| m.pod == target) else {
+        return Step::Refuse(format!("{target} is not an instance of this cluster"));
+    };
+    if !(member.observed.ready && member.observed.role.as_deref() == Some(ROLE_REPLICA)) {
+        return Step::Refuse(format!("{target} is not a ready replica"));
+    }
+    let serving = members
+        .iter()
+        .any(|m| m.pod == primary && m.serves_as_primary());
+    if !serving {
+        return Step::Refuse(format!(
+            "the primary {primary} is not serving: a failover, not a switchover, replaces it"
+        ));
+    }
+    Step::Demote {
+        from: primary.to_owned(),
+        to: target.to_owned(),
+    }
+}
+
+fn progress(record: &SwitchoverRecord, members: &[Member]) -> Step {
+    let find = |pod: &str| members.iter().find(|m| m.pod == pod);
+    let Some(old) = find(&record.from) else {
+        return Step::Wait(format!("{} has no membership Lease", record.from));
+    };
+    if old.observed.role.as_deref() == Some(ROLE_PRIMARY) {
+        return Step::Wait(format!("{} is still running as the primary", record.from));
+    }
+    let Some(target) = find(&record.to) else {
+        return Step::Wait(format!("{} has no membership Lease", record.to));
+    };
+    // The old primary reports its shutdown checkpoint once stopped; the
+    // streaming replicas received everything up to and including it.
+    let Some(last) = old
+        .observed
+        .shutdown_position
+        .as_deref()
+        .and_then(parse_lsn)
+    else {
+        return Step::Wait(format!("{} is stopping", record.from));
+    };
+    let position = |text: &Option<String>| text.as_deref().and_then(parse_lsn);
+    match (
+        position(&target.observed.received_position),
+        position(&target.observed.wal_position),
+    ) {
+        (Some(received), Some(replayed)) if received > last && replayed >= received => {
+            Step::Promote
+        }
+        _ => Step::Wait(format!(
+            "{} has not replayed all of {}'s WAL yet",
+            record.to, record.from
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_api::database::instance::ObservedState;
+
+    fn member(pod: &str, role: Option<&str>, received: &str, replayed: &str) -> Member {
+        Member {
+            pod: pod.to_owned(),
+            last_seen: None,
+            observed: ObservedState {
+                ready: role.is_some(),
+                role: role.map(str::to_owned),
+                received_position: Some(received.to_owned()),
+                wal_position: Some(replayed.to_owned()),
+                ..ObservedState::default()
+            },
+            fenced: false,
+        }
+    }
+
+    fn record() -> SwitchoverRecord {
+        SwitchoverRecord {
+            from: "db-0".into(),
+            to: "db-1".into(),
+            started_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ),
+            promoted_at: None,
+            completed_at: None,
+            write_unavailable_seconds: None,
+        }
+    }
+
+    #[test]
+    fn a_request_for_a_ready_replica_demotes_the_primary() {
+        let members = [
+            member("db-0", Some("primary"), "0/5", "0/5"),
+            member("db-1", Some("replica"), "0/5", "0/5"),
+        ];
+        assert_eq!(
+            next(Some("db-1"), "db-0", None, &members),
+            Step::Demote {
+                from: "db-0".into(),
+                to: "db-1".into()
+            }
+        );
+        assert_eq!(next(Some("db-0"), "db-0", None, &members), Step::None);
+        assert_eq!(next(None, "db-0", None, &members), Step::None);
+        assert!(matches!(
+            next(Some("db-7"), "db-0", None, &members),
+            Step::Refuse(_)
+        ));
+    }
+
+    #[test]
+    fn the_target_is_promoted_only_after_the_old_primary_stopped_and_all_was_replayed() {
+        let running = [
+            member("db-0", Some("primary"), "0/9", "0/9"),
+            member("db-1", Some("replica"), "0/9", "0/9"),
+        ];
+        assert!(matches!(
+            next(Some("db-1"), "db-0", Some(&record()), &running),
+            Step::Wait(w) if w.contains("still running")
+        ));
+        let mut stopped = member("db-0", None, "0/0", "0/0");
+        stopped.observed.shutdown_position = Some("0/98".into());
+        let stopping = [
+            member("db-0", None, "0/0", "0/0"),
+            member("db-1", Some("replica"), "0/A0", "0/A0"),
+        ];
+        assert!(matches!(
+            next(Some("db-1"), "db-0", Some(&record()), &stopping),
+            Step::Wait(w) if w.contains("stopping")
+        ));
+        let behind = [
+            stopped.clone(),
+            member("db-1", Some("replica"), "0/A0", "0/90"),
+        ];
+        assert!(matches!(
+            next(Some("db-1"), "db-0", Some(&record()), &behind),
+            Step::Wait(w) if w.contains("not replayed")
+        ));
+        let caught_up = [stopped, member("db-1", Some("replica"), "0/A0", "0/A0")];
+        assert_eq!(
+            next(Some("db-1"), "db-0", Some(&record()), &caught_up),
+            Step::Promote
+        );
+    }
+}
