@@ -113,6 +113,9 @@ impl State {
             if phase != Phase::Running {
                 s.ready = false;
                 s.reason = Some(format!("{phase:?}"));
+                // The role is what a running server reports: none now.
+                s.role = None;
+                s.streaming = None;
             }
         });
         if phase != Phase::Running {
