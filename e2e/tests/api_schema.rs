@@ -678,7 +678,7 @@ async fn allowed_changes_are_accepted() -> Result {
     let changes = [
         (
             "DatabaseCluster",
-            json!({"spec": {"postgres": {"version": "18"}, "storage": {"size": "20Gi"}, "instances": 5}}),
+            json!({"spec": {"postgres": {"version": "17.4"}, "storage": {"size": "20Gi"}, "instances": 5}}),
         ),
         (
             "DatabaseCluster",
