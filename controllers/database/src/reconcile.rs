@@ -314,12 +314,7 @@ async fn promote(
             Err(e) => return Err(e.into()),
         }
     }
-    if members.iter().any(|m| m.pod == record.to && m.fenced) {
-        let unfence = json!({ "metadata": { "annotations": { FENCED_ANNOTATION: null } } });
-        leases
-            .patch(&record.to, &PatchParams::default(), &Patch::Merge(&unfence))
-            .await?;
-    }
+    unfence(ctx, cluster, members, &record.to).await?;
     record_decision(
         ctx,
         cluster,
@@ -334,6 +329,24 @@ async fn promote(
     );
     publish(ctx, cluster, EventType::Warning, "FailedOver", note).await;
     Ok(true)
+}
+
+/// Lifts an earlier deposition from the instance about to be made primary.
+async fn unfence(
+    ctx: &Context,
+    cluster: &DatabaseCluster,
+    members: &[Member],
+    pod: &str,
+) -> Result<(), Error> {
+    if !members.iter().any(|m| m.pod == pod && m.fenced) {
+        return Ok(());
+    }
+    let namespace = cluster.namespace().unwrap_or_default();
+    let unfence = json!({ "metadata": { "annotations": { FENCED_ANNOTATION: null } } });
+    Api::<Lease>::namespaced(ctx.client.clone(), &namespace)
+        .patch(pod, &PatchParams::default(), &Patch::Merge(&unfence))
+        .await?;
+    Ok(())
 }
 
 /// Writes a decision into the status at once (a merge patch of `fields`),
@@ -420,6 +433,7 @@ async fn switch_over(
         }
         Step::Promote => {
             if let Some(promoted) = record.as_mut() {
+                unfence(ctx, cluster, members, &promoted.to).await?;
                 promoted.promoted_at = Some(now.clone());
                 record_decision(
                     ctx,

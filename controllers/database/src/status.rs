@@ -305,10 +305,11 @@ pub fn switchover(
     now: &Time,
 ) {
     let generation = cluster.metadata.generation;
-    let under_way = switching
-        .record
-        .as_ref()
-        .is_some_and(|r| r.completed_at.is_none());
+    // Under way until the target serves, unless a failover replaced it first.
+    let under_way = switching.record.as_ref().is_some_and(|r| {
+        r.completed_at.is_none()
+            && (r.promoted_at.is_none() || status.current_primary.as_deref() == Some(&r.to))
+    });
     status.last_switchover = switching.record;
     let mut set = |type_: &str, value: bool, reason: &str, message: &str| {
         conditions::set(
