@@ -168,17 +168,18 @@ pub async fn watch_role_file(path: PathBuf, poll: Duration, assignment: watch::S
 pub async fn renew(
     leases: Api<Lease>,
     name: String,
-    observed: watch::Receiver<ObservedState>,
+    mut observed: watch::Receiver<ObservedState>,
     heartbeat: Arc<Heartbeat>,
     period: Duration,
     mut done: watch::Receiver<bool>,
 ) {
     let mut version: Option<String> = None;
     let mut failing = false;
+    let mut written = ObservedState::default();
     loop {
         let finishing = *done.borrow_and_update();
         let sent = Instant::now();
-        let state = observed.borrow().clone();
+        let state = observed.borrow_and_update().clone();
         let result = match &version {
             None => read(&leases, &name).await,
             Some(current) => write(&leases, &name, current, &state, &heartbeat).await,
@@ -192,6 +193,9 @@ pub async fn renew(
                     heartbeat.set_fenced(fenced);
                 }
                 let renewed = version.is_some();
+                if renewed {
+                    written = state;
+                }
                 version = lease.resource_version();
                 if failing {
                     tracing::info!(lease = %name, "heartbeat renewed again");
@@ -219,11 +223,33 @@ pub async fn renew(
         if finishing {
             return;
         }
-        tokio::select! {
-            () = tokio::time::sleep(period) => {}
-            _ = done.changed() => {}
+        let next = tokio::time::Instant::now() + period;
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep_until(next) => break,
+                _ = done.changed() => break,
+                changed = observed.changed() => {
+                    // A change the controller acts on goes out at once (a
+                    // switchover waits for it); WAL positions wait the period.
+                    if changed.is_err() {
+                        tokio::time::sleep_until(next).await;
+                        break;
+                    }
+                    if urgent(&written, &observed.borrow()) {
+                        break;
+                    }
+                }
+            }
         }
     }
+}
+
+/// Whether `now` differs from what was written in what the controller decides on.
+fn urgent(written: &ObservedState, now: &ObservedState) -> bool {
+    written.ready != now.ready
+        || written.role != now.role
+        || written.timeline != now.timeline
+        || written.shutdown_position != now.shutdown_position
 }
 
 async fn read(leases: &Api<Lease>, name: &str) -> Result<Lease, kube::Error> {
