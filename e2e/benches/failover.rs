@@ -14,13 +14,15 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use cairn_api::database::instance::{OBSERVED_ANNOTATION, ObservedState};
 use cairn_api::database::v1::DatabaseCluster;
 use cairn_e2e::real::{
     READY_TIMEOUT, cluster_spec, current_primary, enforce_restricted_pod_security,
     install_controller, node_of, unix_now,
 };
 use cairn_testing::{Error, LocalCluster, TestNamespace, cluster, wait};
-use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::Api;
 use kube::api::PostParams;
 
@@ -56,9 +58,23 @@ async fn main() -> Result<(), Error> {
         cluster().start_node(number)?;
         let back = Instant::now();
         let (promote, resume) = outcome?;
-        wait::for_object(&ns.api::<Pod>(), &primary, "Ready", READY_TIMEOUT, |p| {
-            wait::condition_status(p, "Ready").as_deref() == Some("True")
-        })
+        // Its own report, not the pod's Ready condition (stale until the
+        // kubelet, frozen with the node, updates it).
+        wait::for_object(
+            &ns.api::<Lease>(),
+            &primary,
+            "a ready replica",
+            READY_TIMEOUT,
+            |lease| {
+                let observed: Option<ObservedState> = lease
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(OBSERVED_ANNOTATION))
+                    .and_then(|json| serde_json::from_str(json).ok());
+                observed.is_some_and(|o| o.ready && o.role.as_deref() == Some("replica"))
+            },
+        )
         .await?;
         let rejoin = back.elapsed().as_secs_f64();
         until_healthy(&clusters).await?;
@@ -111,6 +127,10 @@ async fn until_healthy(clusters: &Api<DatabaseCluster>) -> Result<(), Error> {
         c.status.as_ref().and_then(|s| s.ready_instances) == Some(3)
             && wait::condition_status(c, "Ready").as_deref() == Some("True")
             && wait::condition_status(c, "Degraded").as_deref() != Some("True")
+            && c.status
+                .as_ref()
+                .and_then(|s| s.last_failover.as_ref())
+                .is_none_or(|f| f.completed_at.is_some())
     })
     .await?;
     Ok(())
