@@ -184,13 +184,29 @@ pub fn sample(metrics: &str, series: &str) -> Option<f64> {
     })
 }
 
-/// A loopback address with a port free right now.
+/// Ports handed out below the kernel's ephemeral range (32768-60999 by
+/// default) and the NodePort range: an ephemeral port free now can be taken
+/// by any outgoing connection before the server under test binds it.
+const TEST_PORTS: std::ops::Range<u16> = 15000..30000;
+
+/// A loopback address with a port free right now, outside the ephemeral
+/// range and never handed out twice by this process.
 pub fn free_address() -> Result<SocketAddr, Error> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")
-        .map_err(|e| Error::Setup(format!("no free port: {e}")))?;
-    listener
-        .local_addr()
-        .map_err(|e| Error::Setup(format!("no free port: {e}")))
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let span = u32::from(TEST_PORTS.end - TEST_PORTS.start);
+    // Test binaries run one after another; the pid spreads them apart.
+    let start = std::process::id().wrapping_mul(7919) % span;
+    for _ in 0..span {
+        let offset = (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        let port = TEST_PORTS.start + offset as u16;
+        if let Ok(listener) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            return listener
+                .local_addr()
+                .map_err(|e| Error::Setup(format!("no free port: {e}")));
+        }
+    }
+    Err(Error::Setup(format!("no free port in {TEST_PORTS:?}")))
 }
 
 /// A minimal HTTP/1.0 GET (the admin server speaks plain HTTP).
