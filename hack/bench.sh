@@ -10,10 +10,12 @@
 #                                         (pgbench scale, default 10): base
 #                                         backup, replica lag under pgbench,
 #                                         the instance's idle cost, promotion
-#   hack/bench.sh failover [N]            N primary node stops (default 10) on
+#   hack/bench.sh failover [N] [synchronous]
+#                                         N primary node stops (default 10) on
 #                                         the real nodes, the controller from
 #                                         its chart: promotion, write
-#                                         unavailability, rejoin, rows lost
+#                                         unavailability, rejoin, rows lost;
+#                                         with synchronous replication if asked
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$CAIRN_ROOT"
@@ -26,7 +28,7 @@ case "$bench" in
     export CAIRN_POSTGRES_BINDIR
     exec cargo bench --locked -p cairn-instance --bench instance -- "${2:-10}" ;;
   failover) count=${2:-10} ;;
-  *) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
 
 if [[ $bench == failover ]]; then
@@ -35,7 +37,7 @@ if [[ $bench == failover ]]; then
   trap 'hack/local-cluster.sh down "$STATE"; rmdir "$(dirname "$STATE")" 2>/dev/null || true' EXIT
   hack/local-cluster.sh up "$STATE"
   hack/local-cluster.sh import-images "$STATE" "$images"/*.tar
-  CAIRN_CLUSTER_STATE=$STATE cargo bench --locked -p cairn-e2e --bench failover -- "$count"
+  CAIRN_CLUSTER_STATE=$STATE cargo bench --locked -p cairn-e2e --bench failover -- "$count" "${@:3}"
   exit 0
 fi
 

@@ -22,6 +22,11 @@ pub enum InvalidSpec {
     },
     #[error("spec.resources: {resource} quantity {value:?} is not a valid quantity")]
     BadQuantity { resource: String, value: String },
+    #[error(
+        "spec.replication.synchronousReplicas ({synchronous}) must be below spec.instances \
+         ({instances}): commits would wait for replicas that do not exist"
+    )]
+    TooFewReplicas { synchronous: i32, instances: i32 },
     #[error("spec.schedule: {0}")]
     BadSchedule(String),
     #[error("spec.timeZone: {0:?} is not a time zone of the IANA database")]
@@ -37,15 +42,25 @@ pub enum InvalidSpec {
     },
 }
 
-/// Requests must not exceed limits (the API server would reject the pods).
+/// Requests must not exceed limits (the API server would reject the pods), and
+/// the synchronous replicas must exist (the schema's rule is not checked when
+/// `kubectl scale` changes `instances` through the scale subresource).
 pub fn database_cluster(spec: &DatabaseClusterSpec) -> Vec<InvalidSpec> {
+    let mut problems = Vec::new();
+    if let Some(replication) = &spec.replication
+        && replication.synchronous_replicas >= spec.instances
+    {
+        problems.push(InvalidSpec::TooFewReplicas {
+            synchronous: replication.synchronous_replicas,
+            instances: spec.instances,
+        });
+    }
     let Some(resources) = &spec.resources else {
-        return Vec::new();
+        return problems;
     };
     let (Some(requests), Some(limits)) = (&resources.requests, &resources.limits) else {
-        return Vec::new();
+        return problems;
     };
-    let mut problems = Vec::new();
     for (resource, request) in requests {
         let Some(limit) = limits.get(resource) else {
             continue;
@@ -281,6 +296,25 @@ mod tests {
             json!({"requests": {"memory": "1024Mi", "cpu": "700m"}, "limits": {"memory": "1Gi", "cpu": "0.7"}}),
         );
         assert!(database_cluster(&fine).is_empty());
+    }
+
+    #[test]
+    fn synchronous_replicas_must_be_fewer_than_the_instances() {
+        let spec = |instances: i32| -> DatabaseClusterSpec {
+            from(json!({
+                "instances": instances, "postgres": {"version": "17"}, "storage": {"size": "1Gi"},
+                "replication": {"synchronousReplicas": 2}
+            }))
+        };
+        assert!(database_cluster(&spec(3)).is_empty());
+        let problems = database_cluster(&spec(2));
+        assert_eq!(
+            problems.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            [
+                "spec.replication.synchronousReplicas (2) must be below spec.instances (2): \
+              commits would wait for replicas that do not exist"
+            ]
+        );
     }
 
     fn schedule(schedule: &str, zone: Option<&str>) -> BackupScheduleSpec {

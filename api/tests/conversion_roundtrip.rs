@@ -86,6 +86,7 @@ prop_compose! {
         ]),
         paused in any::<bool>(),
         failover in option::of((6i32..600, option::of(0i64..1_000_000))),
+        synchronous in option::of(1i32..9),
     ) -> Value {
         let scheduling = with_scheduling.then(|| json!({
             "nodeSelector": node_selector,
@@ -101,6 +102,7 @@ prop_compose! {
             "bootstrap": bootstrap,
             "paused": paused,
             "failover": failover.map(|(delay, lag)| json!({ "delaySeconds": delay, "maxLagBytes": lag })),
+            "replication": synchronous.map(|n| json!({ "synchronousReplicas": n })),
         })
     }
 }

@@ -6,16 +6,18 @@
 //! writes to resume, lets the node return and waits for the old primary to
 //! be a ready replica. Prints min/median/max of: node stopped → replica
 //! promoted, node stopped → first acknowledged write, node back → old primary
-//! a ready replica; and the acknowledged rows missing at the end
-//! (asynchronous replication: synchronous replication is not built yet).
+//! a ready replica; and the acknowledged rows missing at the end. With
+//! `synchronous`, commits wait for one of the two replicas
+//! (`spec.replication.synchronousReplicas: 1`).
 //!
 //!   hack/bench.sh failover 10
+//!   hack/bench.sh failover 10 synchronous
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cairn_api::database::instance::{OBSERVED_ANNOTATION, ObservedState};
-use cairn_api::database::v1::DatabaseCluster;
+use cairn_api::database::v1::{DatabaseCluster, ReplicationSpec};
 use cairn_e2e::real::{
     READY_TIMEOUT, cluster_spec, current_primary, enforce_restricted_pod_security,
     install_controller, node_of, unix_now,
@@ -34,15 +36,21 @@ async fn main() -> Result<(), Error> {
         .skip(1)
         .find_map(|a| a.parse().ok())
         .unwrap_or(10);
+    let synchronous = std::env::args().any(|a| a == "synchronous");
+    let replication = match synchronous {
+        true => "synchronous replication, one of two replicas confirms each commit",
+        false => "asynchronous replication",
+    };
     let ns = cluster().namespace_on_real_nodes("bench-failover").await?;
     enforce_restricted_pod_security(&ns).await?;
     install_controller(&ns).await?;
     let clusters = ns.api::<DatabaseCluster>();
+    let mut spec = cluster_spec(3);
+    spec.replication = synchronous.then_some(ReplicationSpec {
+        synchronous_replicas: 1,
+    });
     clusters
-        .create(
-            &PostParams::default(),
-            &DatabaseCluster::new(CLUSTER, cluster_spec(3)),
-        )
+        .create(&PostParams::default(), &DatabaseCluster::new(CLUSTER, spec))
         .await?;
     until_healthy(&clusters).await?;
     let writer = Writer::start(&ns).await?;
@@ -89,13 +97,11 @@ async fn main() -> Result<(), Error> {
         rejoined.push(rejoin);
     }
     let (acknowledged, missing) = writer.finish().await?;
-    println!("failover over {rounds} rounds (min / median / max):");
+    println!("failover over {rounds} rounds, {replication} (min / median / max):");
     print_spread("node stopped → replica promoted", &mut promoted);
     print_spread("node stopped → first acknowledged write", &mut resumed);
     print_spread("node back → old primary a ready replica", &mut rejoined);
-    println!(
-        "  rows acknowledged {acknowledged}, missing afterwards {missing} (asynchronous replication)"
-    );
+    println!("  rows acknowledged {acknowledged}, missing afterwards {missing}");
     Ok(())
 }
 

@@ -77,6 +77,7 @@ pub fn cluster_spec(instances: i32) -> DatabaseClusterSpec {
         bootstrap: None,
         paused: false,
         failover: None,
+        replication: None,
     }
 }
 

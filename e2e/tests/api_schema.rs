@@ -258,6 +258,28 @@ fn cases() -> Vec<Case> {
             &["spec.postgres.image", "should match"],
         ),
         // DatabaseCluster, on update
+        invalid(
+            "as many synchronous replicas as instances",
+            DBC,
+            json!({"spec": {"instances": 3, "replication": {"synchronousReplicas": 3}}}),
+            &["synchronousReplicas must be below spec.instances"],
+        ),
+        invalid(
+            "no synchronous replica",
+            DBC,
+            json!({"spec": {"replication": {"synchronousReplicas": 0}}}),
+            &[
+                "spec.replication.synchronousReplicas",
+                "greater than or equal to 1",
+            ],
+        ),
+        invalid_change(
+            "scaled down to the synchronous replicas",
+            DBC,
+            json!({"spec": {"instances": 3, "replication": {"synchronousReplicas": 2}}}),
+            json!({"spec": {"instances": 2}}),
+            &["synchronousReplicas must be below spec.instances"],
+        ),
         invalid_change(
             "major downgrade",
             DBC,

@@ -43,6 +43,8 @@ struct SpecExtras {
     paused: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     failover: Option<v1::FailoverSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    replication: Option<v1::ReplicationSpec>,
 }
 
 /// The v1 status minus what v1alpha1 holds itself.
@@ -109,6 +111,7 @@ pub fn to_v1alpha1(cluster: v1::DatabaseCluster) -> v1alpha1::DatabaseCluster {
         bootstrap: spec.bootstrap,
         paused: spec.paused,
         failover: spec.failover,
+        replication: spec.replication,
     };
     keep(&mut metadata, SPEC_ANNOTATION, &extras);
     let status = status.map(|status| {
@@ -199,6 +202,7 @@ pub fn to_v1(cluster: v1alpha1::DatabaseCluster) -> Result<v1::DatabaseCluster, 
             bootstrap: extras.bootstrap,
             paused: extras.paused,
             failover: extras.failover,
+            replication: extras.replication,
         },
     );
     converted.metadata = metadata;

@@ -36,6 +36,7 @@ pub const MANAGED_PARAMETERS: &[&str] = &[
     "ssl_cert_file",
     "ssl_key_file",
     "ssl_passphrase_command",
+    "synchronous_standby_names",
     "unix_socket_directories",
     "wal_level",
     "wal_log_hints",
@@ -80,6 +81,9 @@ pub const REPLICATION_USER: &str = "streaming_replica";
     )
 )]
 #[x_kube(validation = Rule::new(
+    "!has(self.replication) || self.replication.synchronousReplicas < self.instances"
+).message("spec.replication.synchronousReplicas must be below spec.instances: each commit waits for that many replicas, and the primary is not one"))]
+#[x_kube(validation = Rule::new(
     "has(self.bootstrap) == has(oldSelf.bootstrap) && (!has(self.bootstrap) || self.bootstrap == oldSelf.bootstrap)"
 ).message("spec.bootstrap is immutable: it only applies when the cluster is created"))]
 #[serde(rename_all = "camelCase")]
@@ -105,6 +109,9 @@ pub struct DatabaseClusterSpec {
     /// When a replica takes over from a lost primary.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failover: Option<FailoverSpec>,
+    /// Synchronous replication: commits wait for replicas to confirm them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replication: Option<ReplicationSpec>,
     /// Stop changing the cluster's child objects (for maintenance by hand).
     /// The status says so while it is set.
     #[serde(default, skip_serializing_if = "is_false")]
@@ -207,6 +214,22 @@ impl Default for FailoverSpec {
             max_lag_bytes: None,
         }
     }
+}
+
+/// Synchronous replication, as a quorum: a commit is acknowledged once
+/// `synchronousReplicas` replicas, any of them, have flushed it
+/// (`synchronous_standby_names = 'ANY n (...)'`). A failover then promotes a
+/// replica only while enough replicas report that one of them must hold every
+/// acknowledged commit, and picks the most advanced. The price is
+/// availability: while fewer than `synchronousReplicas` replicas stream,
+/// commits wait.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicationSpec {
+    /// How many replicas must confirm each commit before it is acknowledged;
+    /// below `instances`.
+    #[schemars(range(min = 1, max = 8))]
+    pub synchronous_replicas: i32,
 }
 
 /// Where the instances' pods may run.

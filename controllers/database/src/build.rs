@@ -75,6 +75,21 @@ fn managed_parameters() -> BTreeMap<&'static str, String> {
     ])
 }
 
+/// A quorum of `synchronousReplicas` among every instance of the cluster.
+/// The primary is listed too, so a failover changes nothing here: a primary
+/// never streams from itself, and replicas ignore the setting.
+fn synchronous_parameters(cluster: &DatabaseCluster) -> Option<(&'static str, String)> {
+    let quorum = cluster.spec.replication.as_ref()?.synchronous_replicas;
+    let names: Vec<String> = pod_names(cluster)
+        .iter()
+        .map(|pod| format!("\"{pod}\""))
+        .collect();
+    Some((
+        "synchronous_standby_names",
+        format!("'ANY {quorum} ({})'", names.join(", ")),
+    ))
+}
+
 /// Defaults written before `spec.postgres.parameters`, which may override them.
 fn default_parameters(cluster: &DatabaseCluster) -> BTreeMap<&'static str, String> {
     // The WAL replication slots may hold for a replica that stopped: a tenth
@@ -170,6 +185,7 @@ fn postgresql_conf(cluster: &DatabaseCluster) -> String {
     );
     for (name, value) in managed_parameters()
         .into_iter()
+        .chain(synchronous_parameters(cluster))
         .chain(default_parameters(cluster))
     {
         let _ = writeln!(conf, "{name} = {value}");
@@ -731,6 +747,22 @@ mod tests {
         let conf = postgresql_conf(&cluster(&[]));
         assert!(
             conf.contains("max_slot_wal_keep_size = '102MB'\n"),
+            "{conf}"
+        );
+    }
+
+    #[test]
+    fn synchronous_replication_is_a_quorum_of_every_instance() {
+        let mut cluster = cluster(&[]);
+        assert!(!postgresql_conf(&cluster).contains("synchronous_standby_names"));
+        cluster.spec.replication = Some(cairn_api::database::v1::ReplicationSpec {
+            synchronous_replicas: 1,
+        });
+        let conf = postgresql_conf(&cluster);
+        assert!(
+            conf.contains(
+                "synchronous_standby_names = 'ANY 1 (\"orders-0\", \"orders-1\", \"orders-2\")'\n"
+            ),
             "{conf}"
         );
     }

@@ -68,6 +68,32 @@ pub struct Policy {
     /// How long the primary may be silent, or not serving, before it is lost.
     pub delay: Duration,
     pub max_lag_bytes: Option<u64>,
+    pub quorum: Option<Quorum>,
+}
+
+/// Synchronous replication: a commit was acknowledged once `synchronous` of
+/// the instances with ordinals below `instances` (the primary excepted)
+/// flushed it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Quorum {
+    pub synchronous: u32,
+    pub instances: u32,
+}
+
+impl Quorum {
+    /// Replicas that must report so that one of them holds every
+    /// acknowledged commit: any `listed - synchronous + 1` of the listed
+    /// replicas meet every set of `synchronous` that confirmed a commit.
+    fn needed(self, primary: &str) -> usize {
+        let listed = (0..self.instances)
+            .filter(|o| Some(*o) != ordinal_of(primary))
+            .count();
+        listed.saturating_sub(self.synchronous as usize) + 1
+    }
+
+    fn lists(self, pod: &str) -> bool {
+        ordinal_of(pod).is_some_and(|o| o < self.instances)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -95,18 +121,22 @@ pub fn decide(
     now: Timestamp,
 ) -> Decision {
     let current = members.iter().find(|m| m.pod == primary);
+    // Why the primary is lost, and the last moment it can have written WAL:
+    // half the delay after its last heartbeat (fencing stops it then), or
+    // when the controller first saw it not serving.
     let lost = match current {
-        None => Some("its membership Lease is missing".to_owned()),
+        None => Some(("its membership Lease is missing".to_owned(), None)),
         Some(m) => match m.silent_for(now) {
-            Some(silent) if silent > policy.delay => {
-                Some(format!("no heartbeat for {} s", silent.as_secs()))
-            }
+            Some(silent) if silent > policy.delay => Some((
+                format!("no heartbeat for {} s", silent.as_secs()),
+                m.last_seen.map(|seen| seen + policy.delay / 2),
+            )),
             _ => not_serving_for
                 .filter(|d| *d > policy.delay)
-                .map(|d| not_serving(m, d)),
+                .map(|d| (not_serving(m, d), Some(now - d))),
         },
     };
-    let Some(reason) = lost else {
+    let Some((reason, written_last)) = lost else {
         let silent = current.and_then(|m| m.silent_for(now)).unwrap_or_default();
         let until_stale = policy.delay.saturating_sub(silent);
         let until_unserving =
@@ -128,6 +158,41 @@ pub fn decide(
             reason: format!("primary {primary} lost ({reason}), and no replica is running"),
             recheck,
         };
+    }
+    // A replica's WAL position reaches its Lease by its next heartbeat, so a
+    // report made before the primary's last write may understate what it
+    // holds; promoting another replica would then leave it ahead of the new
+    // timeline. A running replica reports again within a heartbeat; one that
+    // stays silent stops being a candidate after the delay.
+    let stale: Vec<&str> = candidates
+        .iter()
+        .filter(|m| matches!((m.last_seen, written_last), (Some(seen), Some(last)) if seen < last))
+        .map(|m| m.pod.as_str())
+        .collect();
+    if !stale.is_empty() {
+        return Decision::Wait {
+            reason: format!(
+                "primary {primary} lost ({reason}); waiting for a report from {} made after the \
+                 primary's last possible write",
+                stale.join(", ")
+            ),
+            recheck: Duration::from_secs(1),
+        };
+    }
+    if let Some(quorum) = policy.quorum {
+        let needed = quorum.needed(primary);
+        let reporting = candidates.iter().filter(|m| quorum.lists(&m.pod)).count();
+        if reporting < needed {
+            return Decision::Wait {
+                reason: format!(
+                    "primary {primary} lost ({reason}); with spec.replication.synchronousReplicas \
+                     {}, {needed} replicas must report to be sure the promoted one holds every \
+                     acknowledged commit, and {reporting} do: waiting for them or the primary",
+                    quorum.synchronous
+                ),
+                recheck,
+            };
+        }
     }
     if let (Some(bound), Some(position)) = (policy.max_lag_bytes, primary_position) {
         candidates.retain(|m| position.saturating_sub(m.received()) <= bound);
@@ -169,10 +234,11 @@ fn not_serving(member: &Member, for_: Duration) -> String {
 }
 
 fn ordinal(pod: &str) -> u32 {
-    pod.rsplit('-')
-        .next()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(u32::MAX)
+    ordinal_of(pod).unwrap_or(u32::MAX)
+}
+
+fn ordinal_of(pod: &str) -> Option<u32> {
+    pod.rsplit('-').next()?.parse().ok()
 }
 
 #[cfg(test)]
@@ -182,6 +248,7 @@ mod tests {
     const POLICY: Policy = Policy {
         delay: Duration::from_secs(10),
         max_lag_bytes: None,
+        quorum: None,
     };
 
     fn now() -> Timestamp {
@@ -317,6 +384,112 @@ mod tests {
             promoted(&decide("db-0", &members, None, loose, now())),
             Some("db-1")
         );
+    }
+
+    #[test]
+    fn with_synchronous_replicas_enough_replicas_must_report() {
+        // 5 instances, commits confirmed by any 2 of the 4 replicas: 3 must
+        // report, so one of them confirmed every acknowledged commit.
+        let quorum = Policy {
+            quorum: Some(Quorum {
+                synchronous: 2,
+                instances: 5,
+            }),
+            ..POLICY
+        };
+        let mut members = vec![
+            member("db-0", 30, "primary", 1, "0/9"),
+            member("db-1", 1, "replica", 1, "0/7"),
+            member("db-2", 1, "replica", 1, "0/8"),
+            member("db-3", 30, "replica", 1, "0/9"),
+            member("db-4", 30, "replica", 1, "0/9"),
+        ];
+        let decision = decide("db-0", &members, None, quorum, now());
+        assert!(
+            matches!(&decision, Decision::Wait { reason, .. }
+                if reason.contains("3 replicas must report") && reason.contains("2 do")),
+            "{decision:?}"
+        );
+        members[3] = member("db-3", 1, "replica", 1, "0/6");
+        assert_eq!(
+            promoted(&decide("db-0", &members, None, quorum, now())),
+            Some("db-2")
+        );
+        // Without the quorum, two reporting replicas are enough.
+        members[3] = member("db-3", 30, "replica", 1, "0/9");
+        assert_eq!(
+            promoted(&decide("db-0", &members, None, POLICY, now())),
+            Some("db-2")
+        );
+    }
+
+    #[test]
+    fn a_report_older_than_the_primarys_last_possible_write_is_waited_for() {
+        // The primary beat 12 s ago and may have written until 7 s ago; db-2
+        // last reported 8 s ago, possibly before WAL that db-1 lacks.
+        let members = [
+            member("db-0", 12, "primary", 1, "0/9"),
+            member("db-1", 1, "replica", 1, "0/8"),
+            member("db-2", 8, "replica", 1, "0/7"),
+        ];
+        let decision = decide("db-0", &members, None, POLICY, now());
+        assert!(
+            matches!(&decision, Decision::Wait { reason, .. } if reason.contains("from db-2")),
+            "{decision:?}"
+        );
+        let members = [
+            member("db-0", 12, "primary", 1, "0/9"),
+            member("db-1", 1, "replica", 1, "0/8"),
+            member("db-2", 6, "replica", 1, "0/9"),
+        ];
+        assert_eq!(
+            promoted(&decide("db-0", &members, None, POLICY, now())),
+            Some("db-2")
+        );
+    }
+
+    #[test]
+    fn with_synchronous_replicas_a_primary_not_serving_is_replaced() {
+        let quorum = Policy {
+            quorum: Some(Quorum {
+                synchronous: 1,
+                instances: 3,
+            }),
+            ..POLICY
+        };
+        let mut primary = member("db-0", 1, "primary", 1, "0/9");
+        primary.observed.role = None;
+        let members = [
+            primary,
+            member("db-1", 1, "replica", 1, "0/9"),
+            member("db-2", 1, "replica", 1, "0/8"),
+        ];
+        let not_serving = Some(Duration::from_secs(11));
+        assert_eq!(
+            promoted(&decide("db-0", &members, not_serving, quorum, now())),
+            Some("db-1")
+        );
+    }
+
+    #[test]
+    fn a_replica_outside_the_quorum_list_does_not_count() {
+        // Scaled down from 3 to 2: db-2 still runs but is no longer listed.
+        let quorum = Policy {
+            quorum: Some(Quorum {
+                synchronous: 1,
+                instances: 2,
+            }),
+            ..POLICY
+        };
+        let members = [
+            member("db-0", 30, "primary", 1, "0/9"),
+            member("db-1", 30, "replica", 1, "0/9"),
+            member("db-2", 1, "replica", 1, "0/9"),
+        ];
+        assert!(matches!(
+            decide("db-0", &members, None, quorum, now()),
+            Decision::Wait { .. }
+        ));
     }
 
     #[test]

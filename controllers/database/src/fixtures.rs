@@ -25,6 +25,7 @@ pub fn cluster(instances: i32, parameters: &[(&str, &str)]) -> DatabaseCluster {
             bootstrap: None,
             paused: false,
             failover: None,
+            replication: None,
         },
     );
     cluster.metadata.namespace = Some("shop".into());

@@ -35,7 +35,7 @@ use serde_json::json;
 use crate::MANAGER;
 use crate::build::{self, Names, ROLE_LABEL, ROLE_PRIMARY, ROLE_REPLICA};
 use crate::error::Error;
-use crate::failover::{self, Decision, Member, Policy};
+use crate::failover::{self, Decision, Member, Policy, Quorum};
 use crate::metrics::ClusterMetrics;
 use crate::status::{self, DEGRADED, Instances, PROGRESSING, READY, Switching};
 use crate::switchover::{self, SWITCHOVER_ANNOTATION, Step};
@@ -275,6 +275,10 @@ fn decide(
     let policy = Policy {
         delay,
         max_lag_bytes: spec.max_lag_bytes.and_then(|b| u64::try_from(b).ok()),
+        quorum: cluster.spec.replication.as_ref().map(|r| Quorum {
+            synchronous: u32::try_from(r.synchronous_replicas).unwrap_or(0),
+            instances: u32::try_from(cluster.spec.instances).unwrap_or(0),
+        }),
     };
     failover::decide(primary, members, not_serving_for, policy, now)
 }

@@ -96,6 +96,7 @@ pub fn database_cluster(name: &str, instances: i32) -> DatabaseCluster {
             bootstrap: None,
             paused: false,
             failover: None,
+            replication: None,
         },
     )
 }

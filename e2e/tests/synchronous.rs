@@ -1,0 +1,153 @@
+//! Synchronous replication on the real nodes, with the controller installed
+//! by its chart: a 3-instance cluster where every commit waits for one of the
+//! two replicas (`spec.replication.synchronousReplicas: 1`). The primary's
+//! node stops while a client pod commits rows through `<name>-rw`; after the
+//! failover every acknowledged row is present, and the old primary rejoins.
+
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+use cairn_api::database::v1::{DatabaseCluster, ReplicationSpec};
+use cairn_e2e::real::{
+    READY_TIMEOUT, cluster_spec, current_primary, enforce_restricted_pod_security,
+    install_controller, node_of, other_real_node, psql, start_client_on, start_writer, stop_writer,
+    unix_now, until_acknowledged, until_acknowledged_after, until_psql, writes,
+};
+use cairn_testing::{Error, LocalCluster, TestNamespace, cluster, wait};
+use kube::Api;
+use kube::api::PostParams;
+
+type Result<T = ()> = std::result::Result<T, Error>;
+
+const CLUSTER: &str = "quorum";
+const RW: &str = "quorum-rw";
+
+#[tokio::test]
+async fn with_synchronous_replication_a_failover_loses_no_acknowledged_row() -> Result {
+    let ns = cluster().namespace_on_real_nodes("synchronous").await?;
+    enforce_restricted_pod_security(&ns).await?;
+    install_controller(&ns).await?;
+    let clusters = ns.api::<DatabaseCluster>();
+    let mut spec = cluster_spec(3);
+    spec.replication = Some(ReplicationSpec {
+        synchronous_replicas: 1,
+    });
+    clusters
+        .create(&PostParams::default(), &DatabaseCluster::new(CLUSTER, spec))
+        .await?;
+    until_ready(&clusters).await?;
+    let old_primary = current_primary(&clusters, CLUSTER).await?;
+    let node = node_of(&ns, &old_primary).await?;
+    let other_node = other_real_node(&ns, CLUSTER, &node).await?;
+    start_client_on(&ns, CLUSTER, Some(&other_node)).await?;
+
+    // The primary asks for a quorum of one among the instances, and both
+    // replicas stream as quorum candidates.
+    let names = psql(&ns, RW, "SHOW synchronous_standby_names").await?;
+    assert_eq!(names, r#"ANY 1 ("quorum-0", "quorum-1", "quorum-2")"#);
+    until_psql(
+        &ns,
+        RW,
+        "SELECT string_agg(sync_state, ',') FROM pg_stat_replication",
+        "quorum,quorum",
+    )
+    .await?;
+
+    psql(&ns, RW, "CREATE TABLE ticks (id bigint PRIMARY KEY)").await?;
+    start_writer(&ns, RW).await?;
+    until_acknowledged(&ns, 20).await?;
+    let number = LocalCluster::real_node_number(&node)
+        .ok_or_else(|| Error::Setup(format!("{old_primary} is on {node}, not a real node")))?;
+    cluster().stop_node(number)?;
+    let frozen_at = unix_now();
+    let frozen = Instant::now();
+    let result = fail_over(&ns, &clusters, &old_primary, frozen).await;
+    cluster().start_node(number)?;
+    let new_primary = result?;
+
+    stop_writer(&ns).await?;
+    let writes = writes(&ns).await?;
+    let present: BTreeSet<u64> = psql(&ns, RW, "SELECT id FROM ticks")
+        .await?
+        .lines()
+        .filter_map(|l| l.parse().ok())
+        .collect();
+    let acknowledged: Vec<u64> = writes.iter().filter(|w| w.ok).map(|w| w.id).collect();
+    let missing: Vec<u64> = acknowledged
+        .iter()
+        .copied()
+        .filter(|id| !present.contains(id))
+        .collect();
+    let first_after = writes
+        .iter()
+        .find(|w| w.ok && w.started > frozen_at)
+        .map(|w| w.at - frozen_at);
+    eprintln!(
+        "synchronous failover: {old_primary} → {new_primary}; {} writes acknowledged, {} present, \
+         {} missing; node stopped → first acknowledged write {:.1} s",
+        acknowledged.len(),
+        present.len(),
+        missing.len(),
+        first_after.unwrap_or(f64::NAN)
+    );
+    assert!(
+        missing.is_empty(),
+        "acknowledged rows lost with synchronous replication: {missing:?}"
+    );
+    assert!(
+        first_after.is_some(),
+        "no write succeeded after the failover"
+    );
+
+    // The old primary rejoins as a replica and holds exactly the new
+    // primary's rows.
+    until_ready(&clusters).await?;
+    let count = psql(&ns, RW, "SELECT count(*) FROM ticks").await?;
+    let old_host = format!("{old_primary}.{CLUSTER}");
+    until_psql(&ns, &old_host, "SELECT pg_is_in_recovery()", "t").await?;
+    until_psql(&ns, &old_host, "SELECT count(*) FROM ticks", &count).await?;
+    Ok(())
+}
+
+/// Waits for another primary, `-rw` reaching it and writes going through.
+async fn fail_over(
+    ns: &TestNamespace,
+    clusters: &Api<DatabaseCluster>,
+    old_primary: &str,
+    frozen: Instant,
+) -> Result<String> {
+    let promoted = wait::for_object(clusters, CLUSTER, "another primary", READY_TIMEOUT, |c| {
+        c.status
+            .as_ref()
+            .and_then(|s| s.current_primary.as_deref())
+            .is_some_and(|p| p != old_primary)
+    })
+    .await?;
+    let new_primary = promoted
+        .status
+        .and_then(|s| s.current_primary)
+        .unwrap_or_default();
+    eprintln!(
+        "synchronous failover: {new_primary} promoted {:.1} s after the node stopped",
+        frozen.elapsed().as_secs_f64()
+    );
+    until_psql(ns, RW, "SELECT pg_is_in_recovery()", "f").await?;
+    // With one replica left streaming, commits are confirmed by it.
+    until_acknowledged_after(ns, 20).await?;
+    Ok(new_primary)
+}
+
+async fn until_ready(clusters: &Api<DatabaseCluster>) -> Result {
+    wait::for_object(
+        clusters,
+        CLUSTER,
+        "3 ready instances, Ready=True",
+        READY_TIMEOUT,
+        |c| {
+            c.status.as_ref().and_then(|s| s.ready_instances) == Some(3)
+                && wait::condition_status(c, "Ready").as_deref() == Some("True")
+        },
+    )
+    .await?;
+    Ok(())
+}
