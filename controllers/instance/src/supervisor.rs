@@ -780,6 +780,14 @@ impl Supervisor {
             ),
         ];
         let sql = |e: tokio_postgres::Error| e.to_string();
+        // With synchronous replication, these commits would wait for replicas
+        // that cannot clone this primary before it is ready (the roles are
+        // part of ready): they need no replica's confirmation. A primary
+        // promoted after losing them creates them again from the Secret.
+        client
+            .batch_execute("SET synchronous_commit = local")
+            .await
+            .map_err(sql)?;
         for (user, password_key, attributes) in users {
             let password = self.credential(password_key)?;
             let stored: Option<Option<String>> = client

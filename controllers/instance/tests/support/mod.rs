@@ -67,6 +67,11 @@ pub struct Fixture {
 impl Fixture {
     /// A cluster `orders` with `parameters` in its spec.
     pub fn new(test: &str, parameters: &[(&str, &str)]) -> Result<Self> {
+        Self::of(test, cluster(parameters)?)
+    }
+
+    /// The files of `cluster`, as the controller renders them.
+    pub fn of(test: &str, cluster: DatabaseCluster) -> Result<Self> {
         let root =
             std::env::temp_dir().join(format!("cairn-instance-{test}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
@@ -85,7 +90,6 @@ impl Fixture {
             passed: false,
         };
         let mut fixture = fixture;
-        let cluster = cluster(parameters)?;
         let config = build::config_map(&cluster).data.unwrap_or_default();
         fixture.credentials = build::credentials(&cluster, &mut build::random_password)
             .string_data
