@@ -43,8 +43,8 @@ pub enum InvalidSpec {
 }
 
 /// Requests must not exceed limits (the API server would reject the pods), and
-/// the synchronous replicas must exist (the schema's rule is not checked when
-/// `kubectl scale` changes `instances` through the scale subresource).
+/// the synchronous replicas must exist (the schema has the same rule; this
+/// holds whatever path changed `instances`, the scale subresource included).
 pub fn database_cluster(spec: &DatabaseClusterSpec) -> Vec<InvalidSpec> {
     let mut problems = Vec::new();
     if let Some(replication) = &spec.replication

@@ -7,6 +7,7 @@
 use std::collections::BTreeSet;
 use std::time::Instant;
 
+use cairn_api::database::instance::{CREDENTIALS_DIR, SUPERUSER_PASSWORD_KEY};
 use cairn_api::database::v1::{DatabaseCluster, ReplicationSpec};
 use cairn_e2e::real::{
     READY_TIMEOUT, cluster_spec, current_primary, enforce_restricted_pod_security,
@@ -45,12 +46,20 @@ async fn with_synchronous_replication_a_failover_loses_no_acknowledged_row() -> 
     // replicas stream as quorum candidates.
     let names = psql(&ns, RW, "SHOW synchronous_standby_names").await?;
     assert_eq!(names, r#"ANY 1 ("quorum-0", "quorum-1", "quorum-2")"#);
-    until_psql(
-        &ns,
-        RW,
-        "SELECT string_agg(sync_state, ',') FROM pg_stat_replication",
-        "quorum,quorum",
-    )
+    // (Only a superuser sees a standby's sync_state.)
+    wait::until("both replicas quorum candidates", READY_TIMEOUT, || async {
+        let states = as_superuser(
+            &ns,
+            &old_primary,
+            "SELECT string_agg(sync_state, ',') FROM pg_stat_replication",
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        match states.as_str() {
+            "quorum,quorum" => Ok(Some(())),
+            _ => Err(states),
+        }
+    })
     .await?;
 
     psql(&ns, RW, "CREATE TABLE ticks (id bigint PRIMARY KEY)").await?;
@@ -107,6 +116,19 @@ async fn with_synchronous_replication_a_failover_loses_no_acknowledged_row() -> 
     until_psql(&ns, &old_host, "SELECT pg_is_in_recovery()", "t").await?;
     until_psql(&ns, &old_host, "SELECT count(*) FROM ticks", &count).await?;
     Ok(())
+}
+
+/// Runs `sql` with psql in pod `pod`'s own container, as the superuser over
+/// loopback with the password mounted there (never on a command line).
+async fn as_superuser(ns: &TestNamespace, pod: &str, sql: &str) -> Result<String> {
+    let script = format!(
+        "PGPASSWORD=$(cat {CREDENTIALS_DIR}/{SUPERUSER_PASSWORD_KEY}) \
+         psql -h 127.0.0.1 -U postgres -XAtq -c \"{sql}\""
+    );
+    let out = cluster()
+        .kubectl(&["-n", &ns.name, "exec", pod, "--", "sh", "-c", &script])
+        .await?;
+    Ok(out.stdout.trim().to_owned())
 }
 
 /// Waits for another primary, `-rw` reaching it and writes going through.
