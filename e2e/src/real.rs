@@ -2,7 +2,7 @@
 //! Security, the database controller installed by its chart, and a client pod
 //! running psql against a cluster's Services.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use cairn_api::database::v1::{DatabaseCluster, DatabaseClusterSpec, PostgresSpec, StorageSpec};
@@ -233,6 +233,15 @@ pub struct Write {
     pub started: f64,
     /// When it was acknowledged (or failed).
     pub at: f64,
+}
+
+/// The ids in table `ticks`, read through `host`.
+pub async fn rows_present(ns: &TestNamespace, host: &str) -> Result<BTreeSet<u64>> {
+    Ok(psql(ns, host, "SELECT id FROM ticks")
+        .await?
+        .lines()
+        .filter_map(|l| l.parse().ok())
+        .collect())
 }
 
 /// Every attempt so far.

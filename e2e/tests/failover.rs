@@ -6,15 +6,15 @@
 //! write the new timeline lost. Then a switchover back, on request, loses no
 //! row either.
 
-use std::collections::BTreeSet;
 use std::time::Instant;
 
 use cairn_api::database::instance::ROLE_LABEL;
 use cairn_api::database::v1::DatabaseCluster;
 use cairn_e2e::real::{
     READY_TIMEOUT, Write, cluster_spec, current_primary, enforce_restricted_pod_security,
-    install_controller, node_of, other_real_node, psql, start_client_on, start_writer, stop_writer,
-    unix_now, until_acknowledged, until_acknowledged_after, until_psql, writes,
+    install_controller, node_of, other_real_node, psql, rows_present, start_client_on,
+    start_writer, stop_writer, unix_now, until_acknowledged, until_acknowledged_after, until_psql,
+    writes,
 };
 use cairn_testing::{Error, LocalCluster, TestNamespace, cluster, wait};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -66,11 +66,7 @@ async fn a_stopped_primary_node_fails_over_and_the_old_primary_rejoins() -> Resu
 
     stop_writer(&ns).await?;
     let writes = writes(&ns).await?;
-    let present: BTreeSet<u64> = psql(&ns, RW, "SELECT id FROM ticks")
-        .await?
-        .lines()
-        .filter_map(|l| l.parse().ok())
-        .collect();
+    let present = rows_present(&ns, RW).await?;
     let acknowledged: Vec<&Write> = writes.iter().filter(|w| w.ok).collect();
     let missing: Vec<&&Write> = acknowledged
         .iter()

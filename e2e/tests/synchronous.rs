@@ -4,15 +4,15 @@
 //! node stops while a client pod commits rows through `<name>-rw`; after the
 //! failover every acknowledged row is present, and the old primary rejoins.
 
-use std::collections::BTreeSet;
 use std::time::Instant;
 
 use cairn_api::database::instance::{CREDENTIALS_DIR, SUPERUSER_PASSWORD_KEY};
 use cairn_api::database::v1::{DatabaseCluster, ReplicationSpec};
 use cairn_e2e::real::{
     READY_TIMEOUT, cluster_spec, current_primary, enforce_restricted_pod_security,
-    install_controller, node_of, other_real_node, psql, start_client_on, start_writer, stop_writer,
-    unix_now, until_acknowledged, until_acknowledged_after, until_psql, writes,
+    install_controller, node_of, other_real_node, psql, rows_present, start_client_on,
+    start_writer, stop_writer, unix_now, until_acknowledged, until_acknowledged_after, until_psql,
+    writes,
 };
 use cairn_testing::{Error, LocalCluster, TestNamespace, cluster, wait};
 use kube::Api;
@@ -76,11 +76,7 @@ async fn with_synchronous_replication_a_failover_loses_no_acknowledged_row() -> 
 
     stop_writer(&ns).await?;
     let writes = writes(&ns).await?;
-    let present: BTreeSet<u64> = psql(&ns, RW, "SELECT id FROM ticks")
-        .await?
-        .lines()
-        .filter_map(|l| l.parse().ok())
-        .collect();
+    let present = rows_present(&ns, RW).await?;
     let acknowledged: Vec<u64> = writes.iter().filter(|w| w.ok).map(|w| w.id).collect();
     let missing: Vec<u64> = acknowledged
         .iter()

@@ -251,6 +251,16 @@ mod tests {
         quorum: None,
     };
 
+    fn quorum(synchronous: u32, instances: u32) -> Policy {
+        Policy {
+            quorum: Some(Quorum {
+                synchronous,
+                instances,
+            }),
+            ..POLICY
+        }
+    }
+
     fn now() -> Timestamp {
         Timestamp::from_second(1_700_000_100).expect("valid")
     }
@@ -390,13 +400,7 @@ mod tests {
     fn with_synchronous_replicas_enough_replicas_must_report() {
         // 5 instances, commits confirmed by any 2 of the 4 replicas: 3 must
         // report, so one of them confirmed every acknowledged commit.
-        let quorum = Policy {
-            quorum: Some(Quorum {
-                synchronous: 2,
-                instances: 5,
-            }),
-            ..POLICY
-        };
+        let quorum = quorum(2, 5);
         let mut members = vec![
             member("db-0", 30, "primary", 1, "0/9"),
             member("db-1", 1, "replica", 1, "0/7"),
@@ -450,13 +454,7 @@ mod tests {
 
     #[test]
     fn with_synchronous_replicas_a_primary_not_serving_is_replaced() {
-        let quorum = Policy {
-            quorum: Some(Quorum {
-                synchronous: 1,
-                instances: 3,
-            }),
-            ..POLICY
-        };
+        let quorum = quorum(1, 3);
         let mut primary = member("db-0", 1, "primary", 1, "0/9");
         primary.observed.role = None;
         let members = [
@@ -474,13 +472,7 @@ mod tests {
     #[test]
     fn a_replica_outside_the_quorum_list_does_not_count() {
         // Scaled down from 3 to 2: db-2 still runs but is no longer listed.
-        let quorum = Policy {
-            quorum: Some(Quorum {
-                synchronous: 1,
-                instances: 2,
-            }),
-            ..POLICY
-        };
+        let quorum = quorum(1, 2);
         let members = [
             member("db-0", 30, "primary", 1, "0/9"),
             member("db-1", 30, "replica", 1, "0/9"),
