@@ -8,7 +8,7 @@
 //! The images come from `hack/images.sh workspace`, imported into every node
 //! by the test entry point.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -215,12 +215,23 @@ async fn reload_without_restart(ns: &TestNamespace) -> Result {
     Ok(())
 }
 
-/// A setting read only at server start rolls the pods: every pod is new and
-/// every instance runs with the new value.
+/// A setting read only at server start rolls the pods, driven by the
+/// controller: the replicas restart first, one at a time, then exactly one
+/// switchover moves the primary to an up-to-date replica, and the old
+/// primary restarts last (the order seen by a watch of the pods). Every
+/// instance runs with the new value, and no row is lost.
 async fn restart_parameter_rolls_the_pods(ns: &TestNamespace) -> Result {
-    let pods_before = pod_uids(ns).await?;
-    set_parameter(ns, "max_connections", "120").await?;
     let clusters = ns.api::<DatabaseCluster>();
+    let old_primary = cairn_e2e::real::current_primary(&clusters, CLUSTER).await?;
+    let pods_before = pod_uids(ns).await?;
+    let restarts = Arc::new(Mutex::new(Vec::new()));
+    let switchovers = Arc::new(Mutex::new(BTreeSet::new()));
+    let watches = [
+        watch_restarts(ns.api::<Pod>(), restarts.clone()),
+        watch_switchovers(clusters.clone(), switchovers.clone()),
+    ];
+    let started = Instant::now();
+    set_parameter(ns, "max_connections", "120").await?;
     wait::until("every pod replaced", READY_TIMEOUT, || async {
         let now = pod_uids(ns).await.map_err(|e| e.to_string())?;
         let replaced = now
@@ -234,10 +245,73 @@ async fn restart_parameter_rolls_the_pods(ns: &TestNamespace) -> Result {
     })
     .await?;
     until_ready_instances(&clusters, 3).await?;
+    eprintln!(
+        "rolling restart of 3 instances: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    watches.iter().for_each(tokio::task::JoinHandle::abort);
+    let order = restarts.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    assert_eq!(order.len(), 3, "restarts: {order:?}");
+    assert_eq!(
+        order.last(),
+        Some(&old_primary),
+        "the primary must restart last: {order:?}"
+    );
+    let switchovers = switchovers
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    assert_eq!(switchovers.len(), 1, "switchovers: {switchovers:?}");
+    let (from, to, _) = switchovers.first().cloned().unwrap_or_default();
+    assert_eq!(from, old_primary);
+    assert_eq!(
+        cairn_e2e::real::current_primary(&clusters, CLUSTER).await?,
+        to
+    );
+    eprintln!("restarted in order {order:?}; one switchover {from} → {to}");
     until_psql(ns, "rw", "SHOW max_connections", "120").await?;
     until_psql(ns, "ro", "SHOW max_connections", "120").await?;
     until_psql(ns, "rw", "SELECT count(*) FROM orders", "100").await?;
     Ok(())
+}
+
+/// Records each instance pod once, when its deletion begins.
+fn watch_restarts(pods: Api<Pod>, log: Arc<Mutex<Vec<String>>>) -> tokio::task::JoinHandle<()> {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    tokio::spawn(async move {
+        let config =
+            watcher::Config::default().labels(&format!("app.kubernetes.io/instance={CLUSTER}"));
+        let mut updates = std::pin::pin!(watcher(pods, config).applied_objects());
+        let mut seen = BTreeSet::new();
+        while let Some(update) = updates.next().await {
+            let Ok(pod) = update else { continue };
+            if pod.metadata.deletion_timestamp.is_some() && seen.insert(pod.metadata.uid.clone()) {
+                let name = pod.metadata.name.unwrap_or_default();
+                log.lock().unwrap_or_else(|p| p.into_inner()).push(name);
+            }
+        }
+    })
+}
+
+/// Records every switchover the cluster reports: (from, to, started at).
+fn watch_switchovers(
+    clusters: Api<DatabaseCluster>,
+    log: Arc<Mutex<BTreeSet<(String, String, String)>>>,
+) -> tokio::task::JoinHandle<()> {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    tokio::spawn(async move {
+        let config = watcher::Config::default().fields(&format!("metadata.name={CLUSTER}"));
+        let mut updates = std::pin::pin!(watcher(clusters, config).applied_objects());
+        while let Some(update) = updates.next().await {
+            let Ok(cluster) = update else { continue };
+            if let Some(record) = cluster.status.and_then(|s| s.last_switchover) {
+                let entry = (record.from, record.to, record.started_at.0.to_string());
+                log.lock().unwrap_or_else(|p| p.into_inner()).insert(entry);
+            }
+        }
+    })
 }
 
 async fn scale(ns: &TestNamespace, instances: i32) -> Result {
@@ -270,7 +344,7 @@ async fn scale_down_and_up(ns: &TestNamespace) -> Result {
 /// volume, with every row.
 async fn deleted_pod_returns_with_its_data(ns: &TestNamespace) -> Result {
     let pods = ns.api::<Pod>();
-    let primary = format!("{CLUSTER}-0");
+    let primary = cairn_e2e::real::current_primary(&ns.api::<DatabaseCluster>(), CLUSTER).await?;
     let uid = pods.get(&primary).await?.metadata.uid;
     pods.delete(&primary, &DeleteParams::default()).await?;
     wait::for_object(&pods, &primary, "a new pod, Ready", READY_TIMEOUT, |p| {

@@ -103,6 +103,13 @@ fn default_parameters(cluster: &DatabaseCluster) -> BTreeMap<&'static str, Strin
         // disconnection or a failover (pg_rewind reads it from the old primary).
         ("wal_keep_size", "'256MB'".to_owned()),
         ("max_slot_wal_keep_size", format!("'{slot_keep_mb}MB'")),
+        // After a failover a replica's connection may still lead to the old
+        // primary (a frozen node answers TCP but sends nothing): it gives up
+        // and reconnects through `-rw` within this time, not the default
+        // minute. A primary likewise drops a replica that stopped answering,
+        // so a frozen synchronous standby holds commits no longer than this.
+        ("wal_receiver_timeout", "'5s'".to_owned()),
+        ("wal_sender_timeout", "'5s'".to_owned()),
     ])
 }
 
@@ -447,6 +454,12 @@ pub fn stateful_set(
         spec: Some(StatefulSetSpec {
             replicas: Some(spec.instances),
             service_name: Some(names.cluster.clone()),
+            // The controller restarts the pods for a new template (see
+            // `rollout.rs`): replicas first, the primary after a switchover.
+            update_strategy: Some(k8s_openapi::api::apps::v1::StatefulSetUpdateStrategy {
+                type_: Some("OnDelete".to_owned()),
+                rolling_update: None,
+            }),
             selector: LabelSelector {
                 match_labels: Some(selector_labels(cluster)),
                 ..LabelSelector::default()
@@ -749,6 +762,13 @@ mod tests {
             conf.contains("max_slot_wal_keep_size = '102MB'\n"),
             "{conf}"
         );
+    }
+
+    #[test]
+    fn replication_connections_to_a_silent_peer_end_within_seconds() {
+        let conf = postgresql_conf(&cluster(&[]));
+        assert!(conf.contains("wal_receiver_timeout = '5s'\n"), "{conf}");
+        assert!(conf.contains("wal_sender_timeout = '5s'\n"), "{conf}");
     }
 
     #[test]

@@ -37,12 +37,9 @@ use crate::build::{self, Names, ROLE_LABEL, ROLE_PRIMARY, ROLE_REPLICA};
 use crate::error::Error;
 use crate::failover::{self, Decision, Member, Policy, Quorum};
 use crate::metrics::ClusterMetrics;
+use crate::rollout;
 use crate::status::{self, DEGRADED, Instances, PROGRESSING, READY, Switching};
 use crate::switchover::{self, SWITCHOVER_ANNOTATION, Step};
-
-/// The failover delay while the StatefulSet rolls the pods (it restarts the
-/// primary in place; a controller-driven roll with a switchover is not built).
-const ROLLOUT_FAILOVER_DELAY: Duration = Duration::from_secs(60);
 
 /// What every reconcile reads from and writes with.
 pub struct Context {
@@ -110,16 +107,30 @@ pub async fn reconcile(cluster: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Resu
         .and_then(|s| s.last_failover.clone());
     let mut waiting = None;
     let instances = Instances::of(Some(&stateful_set));
-    let switching = switch_over(&ctx, &cluster, &mut primary, &members, &now).await?;
+    let pods = instance_pods(&ctx, &cluster);
+    let rolling = roll_out(&cluster, &stateful_set, &pods, &primary, &members);
+    let rollout_target = match &rolling {
+        rollout::Step::SwitchOver(to) => Some(to.as_str()),
+        _ => None,
+    };
+    let switching =
+        switch_over(&ctx, &cluster, &mut primary, &members, rollout_target, &now).await?;
     let decision = match switching.demoted {
         // Between the demotion and the promotion no primary serves, by design.
         true => Decision::Keep {
             recheck: Duration::from_secs(1),
         },
-        false => decide(&ctx, &cluster, &primary, &members, instances, now.0),
+        false => decide(&ctx, &cluster, &primary, &members, now.0),
     };
     let recheck = match decision {
-        Decision::Keep { recheck } => recheck,
+        Decision::Keep { recheck } => {
+            if let rollout::Step::Restart(pod) = &rolling
+                && !switching.demoted
+            {
+                restart(&ctx, &cluster, &pods, pod).await?;
+            }
+            recheck
+        }
         Decision::Wait { reason, recheck } => {
             waiting = Some(reason);
             recheck
@@ -166,6 +177,9 @@ pub async fn reconcile(cluster: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Resu
         ctx.metrics
             .failover_seconds
             .observe(took.as_secs_f64().max(0.0));
+    }
+    if let rollout::Step::Wait(why) = &rolling {
+        status::rolling_out(&mut observed, &cluster, why, &now);
     }
     status::failover(&mut observed, &cluster, last_failover, waiting, &now);
     status::switchover(&mut observed, &cluster, switching, &now);
@@ -231,7 +245,6 @@ fn decide(
     cluster: &DatabaseCluster,
     primary: &str,
     members: &[Member],
-    instances: Instances,
     now: Timestamp,
 ) -> Decision {
     let key = format!(
@@ -266,12 +279,7 @@ fn decide(
         };
     }
     let spec = cluster.spec.failover.clone().unwrap_or_default();
-    let mut delay = Duration::from_secs(u64::try_from(spec.delay_seconds).unwrap_or(10));
-    if instances.rolling {
-        // The StatefulSet restarts the primary in place during a rollout:
-        // only an outage far longer than a restart is a loss.
-        delay = delay.max(ROLLOUT_FAILOVER_DELAY);
-    }
+    let delay = Duration::from_secs(u64::try_from(spec.delay_seconds).unwrap_or(10));
     let policy = Policy {
         delay,
         max_lag_bytes: spec.max_lag_bytes.and_then(|b| u64::try_from(b).ok()),
@@ -398,12 +406,16 @@ async fn switch_over(
     cluster: &DatabaseCluster,
     primary: &mut String,
     members: &[Member],
+    rollout_target: Option<&str>,
     now: &Time,
 ) -> Result<Switching, Error> {
+    // The user's request first; a rollout's when there is none to act on.
     let requested = cluster
         .annotations()
         .get(SWITCHOVER_ANNOTATION)
-        .map(String::as_str);
+        .map(String::as_str)
+        .filter(|target| target != primary)
+        .or(rollout_target);
     let mut record = cluster
         .status
         .as_ref()
@@ -471,6 +483,77 @@ async fn switch_over(
         demoted,
         note,
     })
+}
+
+/// The cluster's instance pods, from the cache.
+fn instance_pods(ctx: &Context, cluster: &DatabaseCluster) -> Vec<Arc<Pod>> {
+    let namespace = cluster.namespace().unwrap_or_default();
+    let name = cluster.name_any();
+    ctx.caches.pods.state_filter(|pod| {
+        pod.namespace().as_deref() == Some(namespace.as_str())
+            && pod.labels().get("app.kubernetes.io/instance") == Some(&name)
+    })
+}
+
+/// The rollout's next step (see `rollout.rs`); Done when there is nothing
+/// the controller may do yet.
+fn roll_out(
+    cluster: &DatabaseCluster,
+    stateful_set: &StatefulSet,
+    pods: &[Arc<Pod>],
+    primary: &str,
+    members: &[Member],
+) -> rollout::Step {
+    if !cluster.status.as_ref().is_some_and(|s| s.initialized) {
+        return rollout::Step::Done; // nothing runs that a restart could disturb
+    }
+    let pods: Vec<&Pod> = pods.iter().map(AsRef::as_ref).collect();
+    let Some(instances) = rollout::instances(stateful_set, &pods) else {
+        return rollout::Step::Wait(
+            "the StatefulSet has not taken the new template yet".to_owned(),
+        );
+    };
+    let switching = cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.last_switchover.as_ref())
+        .is_some_and(|r| r.promoted_at.is_none());
+    let expected = usize::try_from(cluster.spec.instances).unwrap_or(0);
+    rollout::next(&instances, expected, primary, members, switching)
+}
+
+/// Deletes an instance pod so the StatefulSet recreates it from the new
+/// template; the precondition makes sure it is the pod the decision saw.
+async fn restart(
+    ctx: &Context,
+    cluster: &DatabaseCluster,
+    pods: &[Arc<Pod>],
+    name: &str,
+) -> Result<(), Error> {
+    let Some(pod) = pods.iter().find(|p| p.name_any() == name) else {
+        return Ok(());
+    };
+    let namespace = cluster.namespace().unwrap_or_default();
+    let params = kube::api::DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid: pod.uid(),
+            resource_version: None,
+        }),
+        ..kube::api::DeleteParams::default()
+    };
+    match Api::<Pod>::namespaced(ctx.client.clone(), &namespace)
+        .delete(name, &params)
+        .await
+    {
+        Ok(_) => {}
+        // Gone already, or replaced since the cache saw it.
+        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => return Ok(()),
+        Err(e) => return Err(e.into()),
+    }
+    tracing::info!(pod = %name, "restarting an instance with the new pod template");
+    let note = format!("restarting {name} with the new pod template");
+    publish(ctx, cluster, EventType::Normal, "RestartingInstance", note).await;
+    Ok(())
 }
 
 /// The pod running the primary: the one recorded in the status, or ordinal 0
@@ -640,12 +723,8 @@ async fn label_roles(
     initialized: bool,
 ) -> Result<(), Error> {
     let namespace = cluster.namespace().unwrap_or_default();
-    let name = cluster.name_any();
     let api = Api::<Pod>::namespaced(ctx.client.clone(), &namespace);
-    let mut pods = ctx.caches.pods.state_filter(|pod| {
-        pod.namespace().as_deref() == Some(namespace.as_str())
-            && pod.labels().get("app.kubernetes.io/instance") == Some(&name)
-    });
+    let mut pods = instance_pods(ctx, cluster);
     pods.sort_by_key(|pod| Some(pod.name_any().as_str()) == primary);
     for pod in pods {
         let is_primary = Some(pod.name_any().as_str()) == primary;

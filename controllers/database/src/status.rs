@@ -62,8 +62,9 @@ impl Instances {
             updated: status.updated_replicas.unwrap_or(0),
             observed: status.observed_generation.unwrap_or(0)
                 >= sts.metadata.generation.unwrap_or(0),
+            // OnDelete: currentRevision never moves; count the pods instead.
             rolling: status.update_revision.is_some()
-                && status.current_revision != status.update_revision,
+                && status.updated_replicas.unwrap_or(0) < status.replicas,
         }
     }
 }
@@ -294,6 +295,26 @@ pub struct Switching {
     pub demoted: bool,
     /// A condition reason and message to show, if any.
     pub note: Option<(&'static str, String)>,
+}
+
+/// A rollout that waits says on what.
+pub fn rolling_out(
+    status: &mut DatabaseClusterStatus,
+    cluster: &DatabaseCluster,
+    why: &str,
+    now: &Time,
+) {
+    conditions::set(
+        &mut status.conditions,
+        conditions::new(
+            PROGRESSING,
+            true,
+            reason::ROLLING_OUT,
+            format!("rolling out the new pod template: {why}"),
+            cluster.metadata.generation,
+            now.clone(),
+        ),
+    );
 }
 
 /// Records the switchover; while one is under way it is `Progressing`

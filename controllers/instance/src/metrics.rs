@@ -18,6 +18,7 @@ pub struct Metrics {
     last_checkpoint: Gauge,
     pending_restart: IntGauge,
     pub restarts: IntCounter,
+    pub reclones: IntCounter,
     pub volume_free: IntGauge,
     pub volume_size: IntGauge,
 }
@@ -72,6 +73,10 @@ impl Metrics {
                 "restarts_total",
                 "Times postgres exited unexpectedly and was started again",
             ))?,
+            reclones: IntCounter::with_opts(name(
+                "reclones_total",
+                "Times this replica was cloned again because the primary no longer had the WAL it needed",
+            ))?,
             volume_free: IntGauge::with_opts(name(
                 "data_volume_free_bytes",
                 "Free bytes on the filesystem of the data folder",
@@ -95,6 +100,7 @@ impl Metrics {
         r.register(Box::new(metrics.last_checkpoint.clone()))?;
         r.register(Box::new(metrics.pending_restart.clone()))?;
         r.register(Box::new(metrics.restarts.clone()))?;
+        r.register(Box::new(metrics.reclones.clone()))?;
         r.register(Box::new(metrics.volume_free.clone()))?;
         r.register(Box::new(metrics.volume_size.clone()))?;
         Ok(metrics)

@@ -30,6 +30,27 @@ const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 struct Restart {
     reason: String,
     fenced: bool,
+    /// The folder cannot follow the primary any more: clone it again.
+    reclone: bool,
+}
+
+impl Restart {
+    fn new(reason: impl Into<String>) -> Self {
+        Self {
+            reason: reason.into(),
+            fenced: false,
+            reclone: false,
+        }
+    }
+}
+
+/// This replica's slot on the primary, as far as following goes.
+#[derive(Debug, PartialEq, Eq)]
+enum Slot {
+    Kept,
+    /// Invalidated past `max_slot_wal_keep_size`: the WAL this replica
+    /// needs is gone from the primary.
+    Lost,
 }
 
 pub struct Supervisor {
@@ -61,12 +82,13 @@ impl Supervisor {
     pub async fn run(&self, shutdown: impl Future<Output = ()>) {
         let mut shutdown = std::pin::pin!(shutdown);
         let mut backoff = Backoff::default();
+        let mut reclone = false;
         loop {
             let role = tokio::select! {
                 role = self.wait_for_role() => role,
                 () = &mut shutdown => break,
             };
-            let mut prepare = std::pin::pin!(self.prepare(role));
+            let mut prepare = std::pin::pin!(self.prepare(role, std::mem::take(&mut reclone)));
             let prepared = tokio::select! {
                 prepared = &mut prepare => prepared,
                 () = &mut shutdown => {
@@ -105,14 +127,16 @@ impl Supervisor {
             let signaller = postgres.signaller();
             let exit = tokio::select! {
                 exit = postgres.wait() => exit,
-                Restart { reason, fenced } = self.watch(signaller, role) => {
+                restart = self.watch(signaller, role) => {
                     // A demotion: writes must stop now, not when sessions end;
-                    // and it is no failure, so no backoff.
-                    tracing::warn!(%reason, "stopping postgres to restart it in another role");
-                    match fenced {
-                        true => self.stop_now(&mut postgres).await,
-                        false => {
-                            self.stop(&mut postgres, false).await;
+                    // and no restart here is a failure, so no backoff.
+                    tracing::warn!(reason = %restart.reason, "stopping postgres to restart it");
+                    reclone = restart.reclone;
+                    if restart.fenced {
+                        self.stop_now(&mut postgres).await;
+                    } else {
+                        self.stop(&mut postgres, false).await;
+                        if !restart.reclone {
                             self.report_shutdown_position().await;
                         }
                     }
@@ -184,8 +208,9 @@ impl Supervisor {
         }
     }
 
-    /// Makes the data folder ready to start in `role`.
-    async fn prepare(&self, role: Role) -> Result<(), String> {
+    /// Makes the data folder ready to start in `role`; a replica's folder
+    /// that cannot follow the primary any more is cloned again if `reclone`.
+    async fn prepare(&self, role: Role, reclone: bool) -> Result<(), String> {
         let data = &self.config.data_dir;
         std::fs::create_dir_all(&self.config.run_dir)
             .map_err(|e| format!("run folder {}: {e}", self.config.run_dir.display()))?;
@@ -196,14 +221,24 @@ impl Supervisor {
             DataFolder::Existing => {
                 tracing::info!(data = %data.display(), %role, "starting from the existing data folder");
                 remove_stale_pid_file(data);
-                refuse_after_interrupted_rewind(data)?;
-                if role == Role::Replica {
+                let rewind_interrupted = rewind_marker(data).exists();
+                if role == Role::Replica && (reclone || rewind_interrupted) {
+                    let why = match reclone {
+                        true => "the primary no longer has the WAL this replica needs",
+                        false => "pg_rewind did not finish, so the folder may be inconsistent",
+                    };
+                    self.state.phase(Phase::Bootstrapping);
+                    self.reclone(why).await?;
+                } else if role == Role::Replica {
                     let control = self.control_data().await?;
                     if control.was_primary {
                         // A promotion not yet checkpointed shows only in pg_wal.
                         let timeline = control.timeline.max(latest_history(data));
                         self.rewind(timeline).await?;
                     }
+                } else {
+                    // Never promoted from a folder pg_rewind left half done.
+                    refuse_after_interrupted_rewind(data)?;
                 }
             }
             DataFolder::Absent => {
@@ -223,7 +258,7 @@ impl Supervisor {
             }
         }
         if role == Role::Replica
-            && let Err(message) = self.ensure_slot().await
+            && let Err(message) = self.check_slot().await
         {
             // Streaming waits for the slot; the watch loop tries again.
             tracing::warn!(%message, "no replication slot yet");
@@ -378,29 +413,102 @@ impl Supervisor {
     /// keeps the WAL this replica has not received (up to the controller's
     /// `max_slot_wal_keep_size`). Slots are not replicated: after a failover
     /// each replica creates its slot on the new primary this way.
-    async fn ensure_slot(&self) -> Result<(), String> {
+    async fn check_slot(&self) -> Result<Slot, String> {
+        let (client, host) = self.primary_superuser().await?;
+        let slot = self.slot_name();
+        let row = client
+            .query_one(
+                "SELECT pg_is_in_recovery(),
+                        (SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1)",
+                &[&slot],
+            )
+            .await
+            .map_err(|e| format!("replication slot {slot} on {host}: {e}"))?;
+        let (standby, wal_status): (bool, Option<String>) = (row.get(0), row.get(1));
+        match wal_status.as_deref() {
+            Some("lost") => return Ok(Slot::Lost),
+            Some(_) => return Ok(Slot::Kept),
+            None if standby => return Ok(Slot::Kept), // created once it is promoted
+            None => {}
+        }
+        client
+            .execute(
+                "SELECT pg_create_physical_replication_slot($1, true)
+                 WHERE NOT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)",
+                &[&slot],
+            )
+            .await
+            .map_err(|e| format!("replication slot {slot} on {host}: {e}"))?;
+        tracing::info!(%slot, %host, "created this replica's replication slot on the primary");
+        Ok(Slot::Kept)
+    }
+
+    /// A lost slot reserves nothing: it is dropped so `check_slot` creates
+    /// it again, reserving WAL from now, before a new base backup starts.
+    async fn drop_lost_slot(&self) -> Result<(), String> {
+        let (client, host) = self.primary_superuser().await?;
+        let slot = self.slot_name();
+        client
+            .execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+                 WHERE slot_name = $1 AND wal_status = 'lost' AND NOT active",
+                &[&slot],
+            )
+            .await
+            .map_err(|e| format!("dropping the lost replication slot {slot} on {host}: {e}"))?;
+        Ok(())
+    }
+
+    async fn primary_superuser(&self) -> Result<(Client, String), String> {
         let host = self.primary_host()?;
         let (client, connection) = self
             .superuser(&host, self.config.primary_port)?
             .connect_timeout(Duration::from_secs(5))
             .connect(tokio_postgres::NoTls)
             .await
-            .map_err(|e| format!("cannot reach the primary {host} for a replication slot: {e}"))?;
+            .map_err(|e| format!("cannot reach the primary {host}: {e}"))?;
         tokio::spawn(connection);
-        let slot = self.slot_name();
-        let created = client
-            .query(
-                "SELECT pg_create_physical_replication_slot($1, true)
-                 WHERE NOT pg_is_in_recovery()
-                   AND NOT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)",
-                &[&slot],
-            )
-            .await
-            .map_err(|e| format!("replication slot {slot} on {host}: {e}"))?;
-        if !created.is_empty() {
-            tracing::info!(%slot, %host, "created this replica's replication slot on the primary");
+        Ok((client, host))
+    }
+
+    /// A replica the primary can no longer feed: a new base backup into a
+    /// fresh folder. The current folder is kept beside it until the new one
+    /// streams (see `forget_previous_folder`).
+    async fn reclone(&self, why: &str) -> Result<(), String> {
+        tracing::warn!(
+            "{why}: cloning the replica again, keeping the folder aside until the clone streams"
+        );
+        self.state.metrics.reclones.inc();
+        self.drop_lost_slot().await?;
+        if self.check_slot().await? == Slot::Lost {
+            return Err("the lost replication slot is still in use on the primary".to_owned());
         }
-        Ok(())
+        let data = &self.config.data_dir;
+        let previous = sibling(data, "previous");
+        let target = sibling(data, "clone");
+        self.clone_into(&target).await?;
+        // A kept previous folder means the current one never streamed: it
+        // goes, the previous one stays until a clone works.
+        if previous.exists() {
+            remove_dir_if_present(data)?;
+        } else {
+            std::fs::rename(data, &previous)
+                .map_err(|e| format!("moving {} aside: {e}", data.display()))?;
+        }
+        self.move_into_place(&target, "pg_basebackup")
+    }
+
+    /// Once the folder streams, the one it replaced is not needed.
+    fn forget_previous_folder(&self) {
+        let previous = sibling(&self.config.data_dir, "previous");
+        if previous.exists() {
+            match remove_dir_if_present(&previous) {
+                Ok(()) => {
+                    tracing::info!(folder = %previous.display(), "the new clone streams: removed the folder it replaced")
+                }
+                Err(message) => tracing::warn!(%message, "cannot remove the replaced folder"),
+            }
+        }
     }
 
     async fn initdb(&self) -> Result<(), String> {
@@ -425,18 +533,24 @@ impl Supervisor {
             .arg("--data-checksums")
             .arg("--no-instructions")
             .arg(format!("--pwfile={}", superuser_password.display()));
-        self.run_into(&mut initdb, &target, "initdb").await
+        self.run_in(&mut initdb, &target, "initdb").await?;
+        self.move_into_place(&target, "initdb")
     }
 
     async fn clone_primary(&self) -> Result<(), String> {
         let target = sibling(&self.config.data_dir, "clone");
+        self.clone_into(&target).await?;
+        self.move_into_place(&target, "pg_basebackup")
+    }
+
+    async fn clone_into(&self, target: &Path) -> Result<(), String> {
         let host = self.primary_host()?;
         let user = self.credential(contract::REPLICATION_USER_KEY)?;
         tracing::info!(%host, port = self.config.primary_port, "cloning the primary (pg_basebackup)");
         let mut basebackup = Command::new(self.config.program("pg_basebackup"));
         basebackup
             .arg("--pgdata")
-            .arg(&target)
+            .arg(target)
             .args([
                 "--host",
                 &host,
@@ -447,19 +561,11 @@ impl Supervisor {
             .args(["--wal-method=stream", "--checkpoint=fast"])
             .env("PGPASSFILE", self.passfile())
             .env("PGCONNECT_TIMEOUT", "10");
-        self.run_into(&mut basebackup, &target, "pg_basebackup")
-            .await
+        self.run_in(&mut basebackup, target, "pg_basebackup").await
     }
 
-    /// Runs a program that fills `target`, then moves `target` to the data
-    /// folder: a folder that is there is always complete.
-    async fn run_into(
-        &self,
-        command: &mut Command,
-        target: &Path,
-        what: &str,
-    ) -> Result<(), String> {
-        let data = &self.config.data_dir;
+    /// Runs a program that fills `target`, a folder beside the data folder.
+    async fn run_in(&self, command: &mut Command, target: &Path, what: &str) -> Result<(), String> {
         remove_dir_if_present(target)?;
         let output = self
             .children
@@ -474,6 +580,13 @@ impl Supervisor {
                 last_lines(&output.output, 3)
             ));
         }
+        Ok(())
+    }
+
+    /// Moves a complete `target` to the data folder: a folder that is there
+    /// is always complete.
+    fn move_into_place(&self, target: &Path, what: &str) -> Result<(), String> {
+        let data = &self.config.data_dir;
         // A marker left with a folder an operator removed says nothing of this one.
         remove_if_present(&rewind_marker(data))?;
         if data.exists() {
@@ -621,19 +734,17 @@ impl Supervisor {
             // A server that runs as a primary stops taking writes when told,
             // whether or not it answers this process's queries.
             if assigned == Role::Replica && (started_as == Role::Primary || promoted) {
-                return Restart {
-                    reason: "assigned replica while running as a primary: restarting as a standby"
-                        .to_owned(),
-                    fenced: false,
-                };
+                return Restart::new(
+                    "assigned replica while running as a primary: restarting as a standby",
+                );
             }
             if assigned == Role::Primary
                 && let Some(why) = self.heartbeat.forbids_primary()
             {
                 self.state.error(why.clone());
                 return Restart {
-                    reason: why,
                     fenced: true,
+                    ..Restart::new(why)
                 };
             }
             let config_now = self.config_files();
@@ -690,12 +801,9 @@ impl Supervisor {
             self.state.answered();
             match (assigned, sample.in_recovery) {
                 (Role::Replica, false) => {
-                    return Restart {
-                        reason:
-                            "assigned replica while running as a primary: restarting as a standby"
-                                .to_owned(),
-                        fenced: false,
-                    };
+                    return Restart::new(
+                        "assigned replica while running as a primary: restarting as a standby",
+                    );
                 }
                 (Role::Primary, true) if !promoted => {
                     promoted = self.promote(&connection.client).await;
@@ -707,12 +815,24 @@ impl Supervisor {
                 _ => {}
             }
             if sample.streaming {
+                if last_streaming.is_none() {
+                    self.forget_previous_folder();
+                }
                 last_streaming = Some(Instant::now());
-            } else if assigned == Role::Replica
-                && tick.is_multiple_of(5)
-                && let Err(message) = self.ensure_slot().await
-            {
-                tracing::debug!(%message, "no replication slot yet");
+            } else if assigned == Role::Replica && tick.is_multiple_of(5) {
+                match self.check_slot().await {
+                    Ok(Slot::Kept) => {}
+                    Ok(Slot::Lost) => {
+                        return Restart {
+                            reclone: true,
+                            ..Restart::new(
+                                "the primary invalidated this replica's slot \
+                                 (max_slot_wal_keep_size): the WAL it needs is gone",
+                            )
+                        };
+                    }
+                    Err(message) => tracing::debug!(%message, "cannot check the replication slot"),
+                }
             }
             let silence = last_streaming.map(|at| at.elapsed());
             let ready = observe::readiness(assigned, &sample, silence, roles_ready, limits);

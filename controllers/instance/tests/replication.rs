@@ -236,6 +236,102 @@ async fn a_primary_and_two_replicas_stream_and_resume() -> Result {
     fixture.passed()
 }
 
+/// A replica stopped while the primary writes more WAL than its slot may
+/// hold: the slot is invalidated, so the replica cannot stream again. It is
+/// cloned again, into a fresh folder, and its old folder is removed only
+/// once the new one streams.
+#[tokio::test]
+async fn a_replica_whose_wal_is_gone_is_cloned_again() -> Result {
+    let mut fixture = Fixture::new(
+        "reclone",
+        &[("max_slot_wal_keep_size", "32MB"), ("wal_keep_size", "0")],
+    )?;
+    let primary = fixture.start(&fixture.instance("orders-0", "primary")?)?;
+    primary.wait_ready(Duration::from_secs(60)).await?;
+    let app = primary.app().await?;
+    app.batch_execute("CREATE TABLE orders (id int PRIMARY KEY)")
+        .await?;
+    app.execute("INSERT INTO orders VALUES (1)", &[]).await?;
+    let spec = fixture.instance("orders-1", "replica")?.following(&primary);
+    let mut replica = fixture.start(&spec)?;
+    replica.wait_ready(Duration::from_secs(60)).await?;
+    replica.terminate(Duration::from_secs(60)).await?;
+
+    // More WAL than the slot may keep, then a checkpoint: the slot is lost.
+    let superuser = primary.sql().await?;
+    for _ in 0..4 {
+        app.batch_execute("INSERT INTO orders SELECT max(id) + 1 FROM orders")
+            .await?;
+        superuser.batch_execute("SELECT pg_switch_wal()").await?;
+    }
+    superuser.batch_execute("CHECKPOINT").await?;
+    let status: String = superuser
+        .query_one(
+            "SELECT wal_status FROM pg_replication_slots WHERE slot_name = 'orders_1'",
+            &[],
+        )
+        .await?
+        .get(0);
+    assert_eq!(status, "lost", "the test did not invalidate the slot");
+    let last: i32 = app
+        .query_one("SELECT max(id) FROM orders", &[])
+        .await?
+        .get(0);
+
+    let started = Instant::now();
+    let replica = fixture.start(&spec)?;
+    replica
+        .wait_status("streaming again", Duration::from_secs(90), |s| {
+            s["ready"] == true && s["streaming"] == true
+        })
+        .await?;
+    println!(
+        "replica cloned again and streaming {:.1} s after its start",
+        started.elapsed().as_secs_f64()
+    );
+    let rows: i64 = replica
+        .app()
+        .await?
+        .query_one("SELECT count(*) FROM orders WHERE id <= $1", &[&last])
+        .await?
+        .get(0);
+    assert_eq!(rows, i64::from(last));
+    let log = replica.log_text();
+    assert!(log.contains("cloning the replica again"), "{log}");
+    assert!(log.contains("removed the folder it replaced"), "{log}");
+    let previous = spec.data_dir().with_file_name("pgdata.previous");
+    assert!(!previous.exists(), "{} is left", previous.display());
+    assert_eq!(
+        replica.metric("cairn_postgres_reclones_total").await?,
+        Some(1.0)
+    );
+    let slot: String = superuser
+        .query_one(
+            "SELECT wal_status FROM pg_replication_slots WHERE slot_name = 'orders_1' AND active",
+            &[],
+        )
+        .await?
+        .get(0);
+    assert_eq!(slot, "reserved");
+
+    // A replica's folder that pg_rewind left half rewritten is never
+    // started: it is cloned again the same way.
+    let mut replica = replica;
+    replica.terminate(Duration::from_secs(60)).await?;
+    std::fs::write(spec.data_dir().with_extension("rewinding"), "")?;
+    let replica = fixture.start(&spec)?;
+    replica
+        .wait_status("streaming again", Duration::from_secs(90), |s| {
+            s["ready"] == true && s["streaming"] == true
+        })
+        .await?;
+    let log = replica.log_text();
+    assert!(log.contains("pg_rewind did not finish"), "{log}");
+    assert!(!spec.data_dir().with_extension("rewinding").exists());
+    assert!(!previous.exists(), "{} is left", previous.display());
+    fixture.passed()
+}
+
 /// A switchover: the primary stops cleanly, a replica assigned `primary` is
 /// promoted onto a new timeline, and the old primary, assigned `replica`,
 /// follows it without a new base backup, once it is promoted.

@@ -1,0 +1,281 @@
+//! Rolling a new pod template through the instances (pure). The StatefulSet
+//! uses `OnDelete`: a pod takes the new template only when this controller
+//! deletes it. Replicas go first, one at a time, each ready again before the
+//! next; then a switchover makes an up-to-date replica the primary, and the
+//! old primary, now a replica, is restarted last. The primary is restarted
+//! in place only when it is the only instance.
+
+use cairn_api::database::instance::{ROLE_REPLICA, parse_lsn};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+
+use crate::failover::Member;
+
+/// The StatefulSet controller's label on each pod: the template revision.
+const REVISION_LABEL: &str = "controller-revision-hash";
+
+/// An instance pod, as far as a rollout goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Instance {
+    pub pod: String,
+    /// At the StatefulSet's update revision.
+    pub updated: bool,
+    pub ready: bool,
+    /// Being deleted (a restart under way).
+    pub terminating: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Every pod runs the current template.
+    Done,
+    /// Nothing to do until something changes; why.
+    Wait(String),
+    /// Delete this pod: the StatefulSet recreates it from the new template.
+    Restart(String),
+    /// Make this up-to-date replica the primary first.
+    SwitchOver(String),
+}
+
+/// The instance pods of a StatefulSet, against its update revision; None
+/// while the StatefulSet controller has not yet seen its latest template.
+pub fn instances(stateful_set: &StatefulSet, pods: &[&Pod]) -> Option<Vec<Instance>> {
+    let status = stateful_set.status.as_ref()?;
+    let seen =
+        status.observed_generation.unwrap_or(0) >= stateful_set.metadata.generation.unwrap_or(0);
+    let revision = status.update_revision.as_deref().filter(|_| seen)?;
+    Some(
+        pods.iter()
+            .map(|pod| Instance {
+                pod: pod.name_any(),
+                updated: pod.labels().get(REVISION_LABEL).map(String::as_str) == Some(revision),
+                ready: is_ready(pod),
+                terminating: pod.metadata.deletion_timestamp.is_some(),
+            })
+            .collect(),
+    )
+}
+
+fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        })
+}
+
+/// The next step of the rollout. `expected` is the number of instances the
+/// StatefulSet should have; `switching` says a switchover is under way.
+pub fn next(
+    instances: &[Instance],
+    expected: usize,
+    primary: &str,
+    members: &[Member],
+    switching: bool,
+) -> Step {
+    if instances.iter().all(|i| i.updated) {
+        return Step::Done;
+    }
+    if switching {
+        return Step::Wait("a switchover is under way".to_owned());
+    }
+    if let Some(restarting) = instances.iter().find(|i| i.terminating) {
+        return Step::Wait(format!("{} is restarting", restarting.pod));
+    }
+    if instances.len() < expected {
+        return Step::Wait(format!("{} of {expected} instances exist", instances.len()));
+    }
+    let mut outdated: Vec<&Instance> = instances
+        .iter()
+        .filter(|i| !i.updated && i.pod != primary)
+        .collect();
+    // A replica that is not ready serves nobody: restarting it costs nothing.
+    // Otherwise the highest ordinal first, as the StatefulSet would.
+    outdated.sort_by_key(|i| (i.ready, std::cmp::Reverse(ordinal(&i.pod))));
+    if let Some(replica) = outdated.first() {
+        if !replica.ready {
+            return Step::Restart(replica.pod.clone());
+        }
+        if let Some(unready) = instances.iter().find(|i| !i.ready) {
+            return Step::Wait(format!("{} is not ready", unready.pod));
+        }
+        return Step::Restart(replica.pod.clone());
+    }
+    // Only the primary is left.
+    if instances.len() == 1 {
+        return Step::Restart(primary.to_owned());
+    }
+    match switchover_target(instances, primary, members) {
+        Some(target) => Step::SwitchOver(target),
+        None => Step::Wait(format!(
+            "no up-to-date replica is ready to take over from {primary}, which keeps running \
+             the previous template"
+        )),
+    }
+}
+
+/// The up-to-date ready replica that has replayed the most WAL.
+fn switchover_target(instances: &[Instance], primary: &str, members: &[Member]) -> Option<String> {
+    instances
+        .iter()
+        .filter(|i| i.updated && i.ready && i.pod != primary)
+        .filter_map(|i| {
+            let member = members.iter().find(|m| m.pod == i.pod)?;
+            let replica =
+                member.observed.ready && member.observed.role.as_deref() == Some(ROLE_REPLICA);
+            let replayed = member.observed.wal_position.as_deref().and_then(parse_lsn);
+            replica.then_some((replayed, std::cmp::Reverse(ordinal(&i.pod)), &i.pod))
+        })
+        .max()
+        .map(|(_, _, pod)| pod.clone())
+}
+
+fn ordinal(pod: &str) -> u32 {
+    pod.rsplit_once('-')
+        .and_then(|(_, n)| n.parse().ok())
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_api::database::instance::ObservedState;
+
+    fn pod(name: &str, updated: bool, ready: bool) -> Instance {
+        Instance {
+            pod: name.to_owned(),
+            updated,
+            ready,
+            terminating: false,
+        }
+    }
+
+    fn replica(name: &str, replayed: &str) -> Member {
+        Member {
+            pod: name.to_owned(),
+            last_seen: None,
+            observed: ObservedState {
+                ready: true,
+                role: Some(ROLE_REPLICA.to_owned()),
+                wal_position: Some(replayed.to_owned()),
+                ..ObservedState::default()
+            },
+            fenced: false,
+        }
+    }
+
+    fn members() -> Vec<Member> {
+        vec![replica("db-1", "0/3000000"), replica("db-2", "0/3000100")]
+    }
+
+    #[test]
+    fn replicas_restart_first_highest_ordinal_first_one_at_a_time() {
+        let mut pods = vec![
+            pod("db-0", false, true),
+            pod("db-1", false, true),
+            pod("db-2", false, true),
+        ];
+        assert_eq!(
+            next(&pods, 3, "db-0", &members(), false),
+            Step::Restart("db-2".into())
+        );
+        pods[2].terminating = true;
+        assert_eq!(
+            next(&pods, 3, "db-0", &members(), false),
+            Step::Wait("db-2 is restarting".into())
+        );
+        pods[2] = pod("db-2", true, false);
+        assert_eq!(
+            next(&pods, 3, "db-0", &members(), false),
+            Step::Wait("db-2 is not ready".into())
+        );
+        pods[2].ready = true;
+        assert_eq!(
+            next(&pods, 3, "db-0", &members(), false),
+            Step::Restart("db-1".into())
+        );
+    }
+
+    #[test]
+    fn an_unready_outdated_replica_goes_first_without_waiting() {
+        let pods = vec![
+            pod("db-0", false, true),
+            pod("db-1", false, false),
+            pod("db-2", false, true),
+        ];
+        assert_eq!(
+            next(&pods, 3, "db-0", &members(), false),
+            Step::Restart("db-1".into())
+        );
+    }
+
+    #[test]
+    fn the_primary_is_switched_over_to_the_most_advanced_replica_never_restarted() {
+        let pods = vec![
+            pod("db-0", false, true),
+            pod("db-1", true, true),
+            pod("db-2", true, true),
+        ];
+        assert_eq!(
+            next(&pods, 3, "db-0", &members(), false),
+            Step::SwitchOver("db-2".into())
+        );
+        assert_eq!(
+            next(&pods, 3, "db-0", &members(), true),
+            Step::Wait("a switchover is under way".into())
+        );
+    }
+
+    #[test]
+    fn without_a_ready_up_to_date_replica_the_primary_keeps_running() {
+        let no_target =
+            |step: Step| matches!(step, Step::Wait(why) if why.contains("no up-to-date replica"));
+        let unready = vec![pod("db-0", false, true), pod("db-1", true, false)];
+        assert!(no_target(next(&unready, 2, "db-0", &members(), false)));
+        let mut lagging = members();
+        lagging[0].observed.ready = false;
+        let ready = vec![pod("db-0", false, true), pod("db-1", true, true)];
+        assert!(no_target(next(&ready, 2, "db-0", &lagging, false)));
+    }
+
+    #[test]
+    fn a_single_instance_restarts_in_place() {
+        let pods = vec![pod("db-0", false, true)];
+        assert_eq!(
+            next(&pods, 1, "db-0", &[], false),
+            Step::Restart("db-0".into())
+        );
+    }
+
+    #[test]
+    fn the_old_primary_restarts_last_as_a_replica() {
+        let pods = vec![
+            pod("db-0", false, true),
+            pod("db-1", true, true),
+            pod("db-2", true, true),
+        ];
+        assert_eq!(
+            next(&pods, 3, "db-2", &members(), false),
+            Step::Restart("db-0".into())
+        );
+        let done = vec![
+            pod("db-0", true, false),
+            pod("db-1", true, true),
+            pod("db-2", true, true),
+        ];
+        assert_eq!(next(&done, 3, "db-2", &members(), false), Step::Done);
+    }
+
+    #[test]
+    fn a_missing_pod_is_waited_for() {
+        let pods = vec![pod("db-0", false, true), pod("db-1", false, true)];
+        assert!(matches!(
+            next(&pods, 3, "db-0", &members(), false),
+            Step::Wait(_)
+        ));
+    }
+}
