@@ -20,6 +20,7 @@ use cairn_testing::{Error, TestNamespace, cluster, wait};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
 use serde_json::json;
 
 type Result<T = ()> = std::result::Result<T, Error>;
@@ -277,21 +278,18 @@ async fn restart_parameter_rolls_the_pods(ns: &TestNamespace) -> Result {
 
 /// Records each instance pod once, when its deletion begins.
 fn watch_restarts(pods: Api<Pod>, log: Arc<Mutex<Vec<String>>>) -> tokio::task::JoinHandle<()> {
-    use futures::StreamExt;
-    use kube::runtime::{WatchStreamExt, watcher};
-    tokio::spawn(async move {
-        let config =
-            watcher::Config::default().labels(&format!("app.kubernetes.io/instance={CLUSTER}"));
-        let mut updates = std::pin::pin!(watcher(pods, config).applied_objects());
-        let mut seen = BTreeSet::new();
-        while let Some(update) = updates.next().await {
-            let Ok(pod) = update else { continue };
+    let selector = format!("app.kubernetes.io/instance={CLUSTER}");
+    let mut seen = BTreeSet::new();
+    watch(
+        pods,
+        watcher::Config::default().labels(&selector),
+        move |pod| {
             if pod.metadata.deletion_timestamp.is_some() && seen.insert(pod.metadata.uid.clone()) {
                 let name = pod.metadata.name.unwrap_or_default();
                 log.lock().unwrap_or_else(|p| p.into_inner()).push(name);
             }
-        }
-    })
+        },
+    )
 }
 
 /// Records every switchover the cluster reports: (from, to, started at).
@@ -299,16 +297,35 @@ fn watch_switchovers(
     clusters: Api<DatabaseCluster>,
     log: Arc<Mutex<BTreeSet<(String, String, String)>>>,
 ) -> tokio::task::JoinHandle<()> {
+    watch(clusters, the_cluster(), move |cluster| {
+        if let Some(record) = cluster.status.and_then(|s| s.last_switchover) {
+            let entry = (record.from, record.to, record.started_at.0.to_string());
+            log.lock().unwrap_or_else(|p| p.into_inner()).insert(entry);
+        }
+    })
+}
+
+fn the_cluster() -> watcher::Config {
+    watcher::Config::default().fields(&format!("metadata.name={CLUSTER}"))
+}
+
+/// Calls `seen` with every version of the objects `config` selects, from a
+/// watch: no change between two polls goes unnoticed.
+fn watch<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    mut seen: impl FnMut(K) + Send + 'static,
+) -> tokio::task::JoinHandle<()>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+{
     use futures::StreamExt;
-    use kube::runtime::{WatchStreamExt, watcher};
+    use kube::runtime::WatchStreamExt;
     tokio::spawn(async move {
-        let config = watcher::Config::default().fields(&format!("metadata.name={CLUSTER}"));
-        let mut updates = std::pin::pin!(watcher(clusters, config).applied_objects());
+        let mut updates = std::pin::pin!(watcher(api, config).applied_objects());
         while let Some(update) = updates.next().await {
-            let Ok(cluster) = update else { continue };
-            if let Some(record) = cluster.status.and_then(|s| s.last_switchover) {
-                let entry = (record.from, record.to, record.started_at.0.to_string());
-                log.lock().unwrap_or_else(|p| p.into_inner()).insert(entry);
+            if let Ok(object) = update {
+                seen(object);
             }
         }
     })
@@ -369,22 +386,15 @@ fn watch_degraded(
     clusters: Api<DatabaseCluster>,
     log: Arc<Mutex<Vec<String>>>,
 ) -> tokio::task::JoinHandle<()> {
-    use futures::StreamExt;
-    use kube::runtime::{WatchStreamExt, watcher};
-    tokio::spawn(async move {
-        let config = watcher::Config::default().fields(&format!("metadata.name={CLUSTER}"));
-        let mut updates = std::pin::pin!(watcher(clusters, config).applied_objects());
-        while let Some(update) = updates.next().await {
-            let Ok(cluster) = update else { continue };
-            let degraded = cluster
-                .status
-                .iter()
-                .flat_map(|s| s.conditions.iter())
-                .find(|c| c.type_ == "Degraded" && c.status == "True")
-                .map(|c| format!("{}: {}", c.reason, c.message));
-            if let Some(degraded) = degraded {
-                log.lock().unwrap_or_else(|p| p.into_inner()).push(degraded);
-            }
+    watch(clusters, the_cluster(), move |cluster| {
+        let degraded = cluster
+            .status
+            .iter()
+            .flat_map(|s| s.conditions.iter())
+            .find(|c| c.type_ == "Degraded" && c.status == "True")
+            .map(|c| format!("{}: {}", c.reason, c.message));
+        if let Some(degraded) = degraded {
+            log.lock().unwrap_or_else(|p| p.into_inner()).push(degraded);
         }
     })
 }

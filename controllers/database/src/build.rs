@@ -113,6 +113,21 @@ fn default_parameters(cluster: &DatabaseCluster) -> BTreeMap<&'static str, Strin
     ])
 }
 
+/// The pods the StatefulSet keeps: `spec.instances`, or up to the primary's
+/// while a scale-down waits for a switchover to move it to a pod that stays
+/// (see `rollout.rs`).
+pub fn kept_instances(cluster: &DatabaseCluster) -> i32 {
+    let primary = cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.current_primary.as_deref())
+        .map_or(0, crate::rollout::ordinal);
+    cluster
+        .spec
+        .instances
+        .max(i32::try_from(primary).unwrap_or(0).saturating_add(1))
+}
+
 /// The names of a cluster's children.
 pub struct Names {
     pub cluster: String,
@@ -452,7 +467,7 @@ pub fn stateful_set(
     StatefulSet {
         metadata: metadata(cluster, &names.cluster, "database"),
         spec: Some(StatefulSetSpec {
-            replicas: Some(spec.instances),
+            replicas: Some(kept_instances(cluster)),
             service_name: Some(names.cluster.clone()),
             // The controller restarts the pods for a new template (see
             // `rollout.rs`): replicas first, the primary after a switchover.

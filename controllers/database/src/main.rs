@@ -94,6 +94,7 @@ async fn main() -> ExitCode {
         },
         metrics: metrics.clone(),
         not_serving_since: Default::default(),
+        decisions: Default::default(),
     });
     let cluster_store = clusters.store();
     let store = cluster_store.clone();

@@ -51,6 +51,72 @@ pub struct Context {
     /// seen not serving: this process's clock, so a restart of the controller
     /// can only delay a failover, never hasten one.
     pub not_serving_since: Mutex<HashMap<String, (String, Instant)>>,
+    /// Decisions recorded and not yet seen in the cache (see `Decisions`).
+    pub decisions: Decisions,
+}
+
+/// The decisions (primary, failover, switchover) this process recorded and
+/// its cache of clusters has not shown yet, by `namespace/name`. A
+/// reconcile of an older copy would undo them: relabel the old primary, or
+/// fail over a second time.
+#[derive(Default)]
+pub struct Decisions(Mutex<HashMap<String, (Recorded, Instant)>>);
+
+/// How long a recorded decision may wait for the cache to show it; past
+/// that, something else changed the status and the cache is the truth.
+const CACHE_LAG_LIMIT: Duration = Duration::from_secs(10);
+
+/// What a recorded decision left in the status.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Recorded {
+    current_primary: Option<String>,
+    last_failover: Option<FailoverRecord>,
+    last_switchover: Option<SwitchoverRecord>,
+}
+
+impl Recorded {
+    fn of(cluster: &DatabaseCluster) -> Self {
+        let status = cluster.status.as_ref();
+        Self {
+            current_primary: status.and_then(|s| s.current_primary.clone()),
+            last_failover: status.and_then(|s| s.last_failover.clone()),
+            last_switchover: status.and_then(|s| s.last_switchover.clone()),
+        }
+    }
+}
+
+impl Decisions {
+    /// Remembers what a status write left: always for a decision, and for
+    /// any later write while a decision awaits the cache.
+    fn written(&self, written: &DatabaseCluster, decision: bool) {
+        let mut decisions = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let key = key(written);
+        if decision || decisions.contains_key(&key) {
+            decisions.insert(key, (Recorded::of(written), Instant::now()));
+        }
+    }
+
+    /// Whether `cluster` is older than a decision recorded for it; forgets
+    /// the decision once the cache shows it.
+    fn is_behind(&self, cluster: &DatabaseCluster) -> bool {
+        let mut decisions = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let key = key(cluster);
+        let behind = decisions.get(&key).is_some_and(|(recorded, at)| {
+            *recorded != Recorded::of(cluster) && at.elapsed() < CACHE_LAG_LIMIT
+        });
+        if !behind {
+            decisions.remove(&key);
+        }
+        behind
+    }
+}
+
+fn key(cluster: &DatabaseCluster) -> String {
+    format!(
+        "{}/{}",
+        cluster.namespace().unwrap_or_default(),
+        cluster.name_any()
+    )
 }
 
 /// The controller's caches of the children it owns.
@@ -72,6 +138,10 @@ pub async fn reconcile(cluster: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Resu
     if cluster.metadata.deletion_timestamp.is_some() {
         // Owner references hand the children to the garbage collector.
         return Ok(Action::await_change());
+    }
+    if ctx.decisions.is_behind(&cluster) {
+        // The watch delivers the recorded decision within moments.
+        return Ok(Action::requeue(Duration::from_millis(200)));
     }
     let now = Time(Timestamp::now());
     let problems = validate::database_cluster(&cluster.spec);
@@ -247,11 +317,7 @@ fn decide(
     members: &[Member],
     now: Timestamp,
 ) -> Decision {
-    let key = format!(
-        "{}/{}",
-        cluster.namespace().unwrap_or_default(),
-        cluster.name_any()
-    );
+    let key = key(cluster);
     let serving = members
         .iter()
         .any(|m| m.pod == primary && m.serves_as_primary());
@@ -370,13 +436,14 @@ async fn record_decision(
     fields: serde_json::Value,
 ) -> Result<(), Error> {
     let namespace = cluster.namespace().unwrap_or_default();
-    Api::<DatabaseCluster>::namespaced(ctx.client.clone(), &namespace)
+    let recorded = Api::<DatabaseCluster>::namespaced(ctx.client.clone(), &namespace)
         .patch_status(
             &cluster.name_any(),
             &PatchParams::default(),
             &Patch::Merge(&json!({ "status": fields })),
         )
         .await?;
+    ctx.decisions.written(&recorded, true);
     Ok(())
 }
 
@@ -777,12 +844,14 @@ async fn write_status(
         "kind": DatabaseCluster::kind(&()),
         "status": status,
     });
-    api.patch_status(
-        &cluster.name_any(),
-        &PatchParams::apply(MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await?;
+    let written = api
+        .patch_status(
+            &cluster.name_any(),
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
+    ctx.decisions.written(&written, false);
     let reference = cluster.object_ref(&());
     for type_ in [READY, PROGRESSING, DEGRADED] {
         let Some(current) = status::condition(Some(&status), type_) else {
@@ -796,4 +865,36 @@ async fn write_status(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cluster(primary: &str) -> DatabaseCluster {
+        let mut cluster = crate::fixtures::cluster(3, &[]);
+        cluster.status = Some(DatabaseClusterStatus {
+            current_primary: Some(primary.to_owned()),
+            ..DatabaseClusterStatus::default()
+        });
+        cluster
+    }
+
+    #[test]
+    fn a_copy_older_than_a_recorded_decision_is_behind_until_the_cache_shows_it() {
+        let decisions = Decisions::default();
+        assert!(!decisions.is_behind(&cluster("orders-0")));
+        decisions.written(&cluster("orders-1"), true);
+        assert!(decisions.is_behind(&cluster("orders-0")));
+        assert!(!decisions.is_behind(&cluster("orders-1")));
+        // Forgotten once seen: a later change by anyone is the truth.
+        assert!(!decisions.is_behind(&cluster("orders-0")));
+    }
+
+    #[test]
+    fn a_plain_status_write_records_nothing() {
+        let decisions = Decisions::default();
+        decisions.written(&cluster("orders-1"), false);
+        assert!(!decisions.is_behind(&cluster("orders-0")));
+    }
 }

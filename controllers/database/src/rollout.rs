@@ -4,6 +4,10 @@
 //! next; then a switchover makes an up-to-date replica the primary, and the
 //! old primary, now a replica, is restarted last. The primary is restarted
 //! in place only when it is the only instance.
+//!
+//! A scale-down that would remove the primary's pod (the StatefulSet removes
+//! the highest ordinals) first switches over to an instance that stays; the
+//! StatefulSet keeps the primary's pod until then (`build::kept_instances`).
 
 use cairn_api::database::instance::{ROLE_REPLICA, parse_lsn};
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -77,11 +81,21 @@ pub fn next(
     members: &[Member],
     switching: bool,
 ) -> Step {
-    if instances.iter().all(|i| i.updated) {
+    let leaving = ordinal(primary) as usize >= expected;
+    if !leaving && instances.iter().all(|i| i.updated) {
         return Step::Done;
     }
     if switching {
         return Step::Wait("a switchover is under way".to_owned());
+    }
+    if leaving {
+        return match switchover_target(instances, expected, primary, members) {
+            Some(target) => Step::SwitchOver(target),
+            None => Step::Wait(format!(
+                "scaling down removes {primary}, the primary: waiting for a ready replica that \
+                 stays to take over"
+            )),
+        };
     }
     if let Some(restarting) = instances.iter().find(|i| i.terminating) {
         return Step::Wait(format!("{} is restarting", restarting.pod));
@@ -109,7 +123,7 @@ pub fn next(
     if instances.len() == 1 {
         return Step::Restart(primary.to_owned());
     }
-    match switchover_target(instances, primary, members) {
+    match switchover_target(instances, expected, primary, members) {
         Some(target) => Step::SwitchOver(target),
         None => Step::Wait(format!(
             "no up-to-date replica is ready to take over from {primary}, which keeps running \
@@ -118,11 +132,18 @@ pub fn next(
     }
 }
 
-/// The up-to-date ready replica that has replayed the most WAL.
-fn switchover_target(instances: &[Instance], primary: &str, members: &[Member]) -> Option<String> {
+/// The up-to-date ready replica that stays and has replayed the most WAL.
+fn switchover_target(
+    instances: &[Instance],
+    expected: usize,
+    primary: &str,
+    members: &[Member],
+) -> Option<String> {
     instances
         .iter()
-        .filter(|i| i.updated && i.ready && i.pod != primary)
+        .filter(|i| {
+            i.updated && i.ready && i.pod != primary && (ordinal(&i.pod) as usize) < expected
+        })
         .filter_map(|i| {
             let member = members.iter().find(|m| m.pod == i.pod)?;
             let replica =
@@ -134,7 +155,8 @@ fn switchover_target(instances: &[Instance], primary: &str, members: &[Member]) 
         .map(|(_, _, pod)| pod.clone())
 }
 
-fn ordinal(pod: &str) -> u32 {
+/// A StatefulSet pod's ordinal (`orders-2` → 2).
+pub fn ordinal(pod: &str) -> u32 {
     pod.rsplit_once('-')
         .and_then(|(_, n)| n.parse().ok())
         .unwrap_or(0)
@@ -268,6 +290,28 @@ mod tests {
             pod("db-2", true, true),
         ];
         assert_eq!(next(&done, 3, "db-2", &members(), false), Step::Done);
+    }
+
+    #[test]
+    fn a_scale_down_that_removes_the_primary_switches_over_first() {
+        let pods = vec![
+            pod("db-0", true, true),
+            pod("db-1", true, true),
+            pod("db-2", true, true),
+        ];
+        assert_eq!(
+            next(&pods, 2, "db-2", &members(), false),
+            Step::SwitchOver("db-1".into())
+        );
+        assert_eq!(next(&pods, 2, "db-1", &members(), false), Step::Done);
+        let unready = vec![
+            pod("db-0", true, false),
+            pod("db-1", true, false),
+            pod("db-2", true, true),
+        ];
+        assert!(
+            matches!(next(&unready, 2, "db-2", &members(), false), Step::Wait(why) if why.contains("scaling down"))
+        );
     }
 
     #[test]

@@ -297,20 +297,24 @@ pub struct Switching {
     pub note: Option<(&'static str, String)>,
 }
 
-/// A rollout that waits says on what.
+/// A rollout or scale-down that waits says on what, in `Progressing`.
 pub fn rolling_out(
     status: &mut DatabaseClusterStatus,
     cluster: &DatabaseCluster,
     why: &str,
     now: &Time,
 ) {
+    let (reason, message) = match condition(Some(status), PROGRESSING) {
+        Some(c) if c.status == "True" => (c.reason.clone(), format!("{}; {why}", c.message)),
+        _ => (reason::ROLLING_OUT.to_owned(), why.to_owned()),
+    };
     conditions::set(
         &mut status.conditions,
         conditions::new(
             PROGRESSING,
             true,
-            reason::ROLLING_OUT,
-            format!("rolling out the new pod template: {why}"),
+            &reason,
+            message,
             cluster.metadata.generation,
             now.clone(),
         ),
