@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cairn_api::database::instance as contract;
+use cairn_api::database::instance::{self as contract, parse_lsn};
 use nix::sys::signal::Signal;
 use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
@@ -52,6 +52,24 @@ enum Slot {
     /// needs is gone from the primary.
     Lost,
 }
+
+/// What a former primary's folder can follow the current primary by.
+enum Source {
+    /// pg_rewind from this host.
+    Rewindable(String),
+    /// Both were primaries on the same timeline: pg_rewind would see one
+    /// history and rewind nothing. Only a new clone follows; why.
+    Forked(String),
+}
+
+/// The longest a question to the primary may take: the watch loop waits
+/// for it, and `/livez` fails after three missed polls and 5 s. (A frozen
+/// primary accepts the TCP connection and then answers nothing.)
+const PRIMARY_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// A replica that has not streamed for this long, from a primary that
+/// answers, is checked for a history that forked off the primary's.
+const FORK_CHECK_AFTER: Duration = Duration::from_secs(15);
 
 pub struct Supervisor {
     config: Config,
@@ -234,7 +252,13 @@ impl Supervisor {
                     if control.was_primary {
                         // A promotion not yet checkpointed shows only in pg_wal.
                         let timeline = control.timeline.max(latest_history(data));
-                        self.rewind(timeline).await?;
+                        match self.check_rewind_source(timeline).await? {
+                            Source::Rewindable(host) => self.rewind(&host).await?,
+                            Source::Forked(why) => {
+                                self.state.phase(Phase::Bootstrapping);
+                                self.reclone(&why).await?;
+                            }
+                        }
                     }
                 } else {
                     // Never promoted from a folder pg_rewind left half done.
@@ -304,11 +328,9 @@ impl Supervisor {
     /// primary's part, so it can follow the new timeline without a new base
     /// backup (needs wal_log_hints or checksums: the controller sets the first,
     /// initdb here the second). Writes nothing if no rewind is needed.
-    async fn rewind(&self, timeline: u32) -> Result<(), String> {
-        let host = self.primary_host()?;
-        self.check_rewind_source(&host, timeline).await?;
+    async fn rewind(&self, host: &str) -> Result<(), String> {
         let source = conf::conninfo(&[
-            ("host", host.as_str()),
+            ("host", host),
             ("port", &self.config.primary_port.to_string()),
             ("user", "postgres"),
             ("dbname", "postgres"),
@@ -357,17 +379,18 @@ impl Supervisor {
     /// pg_rewind trusts its source: a server still in recovery (its promotion
     /// not yet seen by the Service) or on the folder's own timeline would make
     /// it report "no rewind required" over diverged histories.
-    async fn check_rewind_source(&self, host: &str, timeline: u32) -> Result<(), String> {
+    async fn check_rewind_source(&self, timeline: u32) -> Result<Source, String> {
+        let host = self.primary_host()?;
         // A connected source that stops answering must not hold up the retry.
         tokio::time::timeout(
             Duration::from_secs(120),
-            self.try_check_rewind_source(host, timeline),
+            self.try_check_rewind_source(&host, timeline),
         )
         .await
         .unwrap_or_else(|_| Err(format!("the primary {host} did not answer within 120 s")))
     }
 
-    async fn try_check_rewind_source(&self, host: &str, timeline: u32) -> Result<(), String> {
+    async fn try_check_rewind_source(&self, host: &str, timeline: u32) -> Result<Source, String> {
         let (client, connection) = self
             .superuser(host, self.config.primary_port)?
             .connect_timeout(Duration::from_secs(10))
@@ -398,11 +421,12 @@ impl Supervisor {
         // would say "no rewind required" over a fork. (A source on an earlier
         // timeline is fine: pg_rewind compares both histories.)
         if u32::try_from(source) == Ok(timeline) {
-            return Err(format!(
-                "the primary {host} is on this folder's timeline {source}: refusing to follow it"
-            ));
+            return Ok(Source::Forked(format!(
+                "the primary {host} is on this folder's timeline {source}, with another history: \
+                 refusing to rewind over it"
+            )));
         }
-        Ok(())
+        Ok(Source::Rewindable(host.to_owned()))
     }
 
     fn slot_name(&self) -> String {
@@ -414,6 +438,10 @@ impl Supervisor {
     /// `max_slot_wal_keep_size`). Slots are not replicated: after a failover
     /// each replica creates its slot on the new primary this way.
     async fn check_slot(&self) -> Result<Slot, String> {
+        bounded(self.try_check_slot()).await
+    }
+
+    async fn try_check_slot(&self) -> Result<Slot, String> {
         let (client, host) = self.primary_superuser().await?;
         let slot = self.slot_name();
         let row = client
@@ -446,6 +474,10 @@ impl Supervisor {
     /// A lost slot reserves nothing: it is dropped so `check_slot` creates
     /// it again, reserving WAL from now, before a new base backup starts.
     async fn drop_lost_slot(&self) -> Result<(), String> {
+        bounded(self.try_drop_lost_slot()).await
+    }
+
+    async fn try_drop_lost_slot(&self) -> Result<(), String> {
         let (client, host) = self.primary_superuser().await?;
         let slot = self.slot_name();
         client
@@ -459,11 +491,91 @@ impl Supervisor {
         Ok(())
     }
 
+    /// Why this replica, not streaming, can never follow the primary, if it
+    /// cannot: its slot was invalidated, or (after `FORK_CHECK_AFTER`) its
+    /// history forked off the primary's. Creates a missing slot meanwhile.
+    async fn cannot_follow(
+        &self,
+        sample: &observe::Sample,
+        silent_for: Duration,
+    ) -> Option<String> {
+        match self.check_slot().await {
+            Ok(Slot::Lost) => {
+                return Some(
+                    "the primary invalidated this replica's slot (max_slot_wal_keep_size): the \
+                     WAL it needs is gone"
+                        .to_owned(),
+                );
+            }
+            Ok(Slot::Kept) => {}
+            Err(message) => {
+                tracing::debug!(%message, "cannot check the replication slot");
+                return None;
+            }
+        }
+        if silent_for < FORK_CHECK_AFTER {
+            return None;
+        }
+        let timeline = sample.timeline?;
+        let position = sample.wal_position.as_deref().and_then(parse_lsn)?;
+        match self.primary_history(timeline).await {
+            Ok(Some((primary_timeline, history))) => {
+                forked(&history, timeline, position).map(|why| {
+                    format!("this replica's history forked off the primary's (timeline {primary_timeline}): {why}")
+                })
+            }
+            Ok(None) => None,
+            Err(message) => {
+                tracing::debug!(%message, "cannot read the primary's timeline history");
+                None
+            }
+        }
+    }
+
+    /// The primary's timeline and its history file, when it is on a later
+    /// timeline than `timeline`.
+    async fn primary_history(&self, timeline: u32) -> Result<Option<(u32, String)>, String> {
+        bounded(self.try_primary_history(timeline)).await
+    }
+
+    async fn try_primary_history(&self, timeline: u32) -> Result<Option<(u32, String)>, String> {
+        let (client, host) = self.primary_superuser().await?;
+        let row = client
+            .query_one(
+                "SELECT CASE WHEN pg_is_in_recovery() THEN NULL
+                        ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int8 END",
+                &[],
+            )
+            .await
+            .map_err(|e| format!("the timeline of {host}: {e}"))?;
+        let Some(current) = row
+            .get::<_, Option<i64>>(0)
+            .and_then(|t| u32::try_from(t).ok())
+        else {
+            return Ok(None); // not a primary (yet)
+        };
+        if current <= timeline {
+            return Ok(None);
+        }
+        let history: String = client
+            .query_one(
+                "SELECT pg_read_file('pg_wal/' || $1 || '.history')",
+                &[&format!("{current:08X}")],
+            )
+            .await
+            .map_err(|e| format!("the history of timeline {current} on {host}: {e}"))?
+            .get(0);
+        Ok(Some((current, history)))
+    }
+
+    /// A superuser session on the primary whose every query is bounded by
+    /// `PRIMARY_TIMEOUT` (statement_timeout covers a slow query; the
+    /// callers bound the whole exchange for a server that does not answer).
     async fn primary_superuser(&self) -> Result<(Client, String), String> {
         let host = self.primary_host()?;
         let (client, connection) = self
             .superuser(&host, self.config.primary_port)?
-            .connect_timeout(Duration::from_secs(5))
+            .connect_timeout(PRIMARY_TIMEOUT)
             .connect(tokio_postgres::NoTls)
             .await
             .map_err(|e| format!("cannot reach the primary {host}: {e}"))?;
@@ -719,6 +831,7 @@ impl Supervisor {
         let mut roles_current = false;
         let mut promoted = false;
         let mut last_streaming: Option<Instant> = None;
+        let started = Instant::now();
         let mut pending_logged: Vec<String> = Vec::new();
         let mut tick: u64 = 0;
         loop {
@@ -820,18 +933,12 @@ impl Supervisor {
                 }
                 last_streaming = Some(Instant::now());
             } else if assigned == Role::Replica && tick.is_multiple_of(5) {
-                match self.check_slot().await {
-                    Ok(Slot::Kept) => {}
-                    Ok(Slot::Lost) => {
-                        return Restart {
-                            reclone: true,
-                            ..Restart::new(
-                                "the primary invalidated this replica's slot \
-                                 (max_slot_wal_keep_size): the WAL it needs is gone",
-                            )
-                        };
-                    }
-                    Err(message) => tracing::debug!(%message, "cannot check the replication slot"),
+                let silent_for = last_streaming.unwrap_or(started).elapsed();
+                if let Some(reason) = self.cannot_follow(&sample, silent_for).await {
+                    return Restart {
+                        reclone: true,
+                        ..Restart::new(reason)
+                    };
                 }
             }
             let silence = last_streaming.map(|at| at.elapsed());
@@ -1248,6 +1355,42 @@ fn latest_history(data: &Path) -> u32 {
 }
 
 /// `0000000A.history` → 10.
+/// A question to the primary, given up after `PRIMARY_TIMEOUT`.
+async fn bounded<T>(question: impl Future<Output = Result<T, String>>) -> Result<T, String> {
+    tokio::time::timeout(PRIMARY_TIMEOUT, question)
+        .await
+        .unwrap_or_else(|_| {
+            Err(format!(
+                "the primary did not answer within {PRIMARY_TIMEOUT:?}"
+            ))
+        })
+}
+
+/// Whether a server on `timeline`, replayed up to `position`, diverged from
+/// the history a `.history` file describes: its timeline is not an ancestor,
+/// or it replayed WAL past the point where the history left it.
+fn forked(history: &str, timeline: u32, position: u64) -> Option<String> {
+    let switch = history.lines().find_map(|line| {
+        let mut fields = line.split_whitespace();
+        let parent: u32 = fields.next()?.parse().ok()?;
+        let at = parse_lsn(fields.next()?)?;
+        (parent == timeline).then_some(at)
+    });
+    match switch {
+        None => Some(format!("timeline {timeline} is not in its history")),
+        Some(at) if position > at => Some(format!(
+            "it replayed timeline {timeline} up to {}, past the switch at {}",
+            format_lsn(position),
+            format_lsn(at)
+        )),
+        Some(_) => None,
+    }
+}
+
+fn format_lsn(lsn: u64) -> String {
+    format!("{:X}/{:X}", lsn >> 32, lsn & 0xFFFF_FFFF)
+}
+
 fn history_timeline(name: &str) -> Option<u32> {
     let hex = name.strip_suffix(".history")?;
     (hex.len() == 8).then_some(())?;
@@ -1331,6 +1474,22 @@ mod tests {
         // A fresh base backup carries the primary's control file.
         assert_eq!(control("in production", true), Some((false, 3)));
         assert_eq!(ControlData::parse("garbage", false), None);
+    }
+
+    #[test]
+    fn a_history_shows_whether_a_replica_forked() {
+        let history = "1\t0/3000148\tno recovery target specified\n\n2\t0/5000000\tno recovery target specified\n";
+        assert_eq!(forked(history, 1, 0x300_0148), None);
+        assert_eq!(forked(history, 1, 0x300_0000), None);
+        assert_eq!(
+            forked(history, 1, 0x300_0200).as_deref(),
+            Some("it replayed timeline 1 up to 0/3000200, past the switch at 0/3000148")
+        );
+        assert_eq!(forked(history, 2, 0x500_0000), None);
+        assert_eq!(
+            forked(history, 4, 0x100).as_deref(),
+            Some("timeline 4 is not in its history")
+        );
     }
 
     #[test]

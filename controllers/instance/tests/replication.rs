@@ -332,6 +332,78 @@ async fn a_replica_whose_wal_is_gone_is_cloned_again() -> Result {
     fixture.passed()
 }
 
+/// An asynchronous failover to a replica that was behind: a replica that
+/// had received more from the old primary cannot follow the new timeline
+/// (its history forked off it). It is detected and cloned again.
+#[tokio::test]
+async fn a_replica_ahead_of_the_promoted_one_is_cloned_again() -> Result {
+    let mut fixture = Fixture::new("forked-replica", &[])?;
+    let mut primary = fixture.start(&fixture.instance("orders-0", "primary")?)?;
+    primary.wait_ready(Duration::from_secs(60)).await?;
+    let app = primary.app().await?;
+    app.batch_execute("CREATE TABLE orders (id int PRIMARY KEY)")
+        .await?;
+    app.execute("INSERT INTO orders VALUES (1)", &[]).await?;
+    let behind_spec = fixture.instance("orders-1", "replica")?.following(&primary);
+    let ahead_spec = fixture.instance("orders-2", "replica")?.following(&primary);
+    let mut behind = fixture.start(&behind_spec)?;
+    let mut ahead = fixture.start(&ahead_spec)?;
+    behind.wait_ready(Duration::from_secs(60)).await?;
+    ahead.wait_ready(Duration::from_secs(60)).await?;
+
+    // orders-1 stops; orders-2 receives more; the primary is lost.
+    behind.terminate(Duration::from_secs(60)).await?;
+    app.execute("INSERT INTO orders VALUES (2)", &[]).await?;
+    let ahead_app = ahead.app().await?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ahead_app
+        .query("SELECT 1 FROM orders WHERE id = 2", &[])
+        .await?
+        .is_empty()
+    {
+        assert!(Instant::now() < deadline, "row 2 did not reach orders-2");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(ahead_app);
+    drop(app);
+    primary.terminate(Duration::from_secs(60)).await?;
+    ahead.terminate(Duration::from_secs(60)).await?;
+
+    // orders-1, behind, is promoted; orders-2 must follow it.
+    fixture.assign(&behind_spec, "primary")?;
+    let promoted = fixture.start(&behind_spec)?;
+    promoted
+        .wait_status("promoted", Duration::from_secs(60), |s| {
+            s["ready"] == true && s["role"] == "primary" && s["timeline"] == 2
+        })
+        .await?;
+    let started = Instant::now();
+    let ahead = fixture.start(&ahead_spec.following(&promoted))?;
+    ahead
+        .wait_status(
+            "streaming from the new primary",
+            Duration::from_secs(90),
+            |s| s["ready"] == true && s["streaming"] == true && s["timeline"] == 2,
+        )
+        .await?;
+    println!(
+        "forked replica detected and cloned again, streaming {:.1} s after its start",
+        started.elapsed().as_secs_f64()
+    );
+    let log = ahead.log_text();
+    assert!(log.contains("forked off the primary's"), "{log}");
+    let ids: Vec<i32> = ahead
+        .app()
+        .await?
+        .query("SELECT id FROM orders ORDER BY id", &[])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(ids, [1], "the replica holds the new primary's history only");
+    fixture.passed()
+}
+
 /// A switchover: the primary stops cleanly, a replica assigned `primary` is
 /// promoted onto a new timeline, and the old primary, assigned `replica`,
 /// follows it without a new base backup, once it is promoted.
@@ -494,10 +566,11 @@ async fn a_running_primary_assigned_replica_stops_taking_writes_and_follows() ->
 }
 
 /// Two replicas of one primary both promoted (a split brain) are on timeline
-/// 2 with different histories: the one told to follow the other refuses, as
-/// pg_rewind would see one timeline and rewind nothing.
+/// 2 with different histories: pg_rewind would see one timeline and rewind
+/// nothing. The one told to follow the other is cloned again instead, and
+/// what only it had written is gone, as the cluster's history says.
 #[tokio::test]
-async fn a_replica_promoted_beside_another_refuses_to_follow_it() -> Result {
+async fn a_replica_promoted_beside_another_is_cloned_again_to_follow_it() -> Result {
     let mut fixture = Fixture::new("forked", &[])?;
     let primary = fixture.start(&fixture.instance("orders-0", "primary")?)?;
     primary.wait_ready(Duration::from_secs(60)).await?;
@@ -527,12 +600,21 @@ async fn a_replica_promoted_beside_another_refuses_to_follow_it() -> Result {
     fixture.assign(&right_spec, "replica")?;
     let right = fixture.start(&right_spec.following(&left))?;
     right
-        .wait_status("a refusal", Duration::from_secs(30), |s| {
-            last_error(s).contains("refusing to follow it")
+        .wait_status("streaming from the other", Duration::from_secs(60), |s| {
+            s["ready"] == true && s["streaming"] == true
         })
         .await?;
-    assert!(!right.ready().await);
-    assert!(!right.log_text().contains("pg_rewind done"));
+    let log = right.log_text();
+    assert!(log.contains("refusing to rewind over it"), "{log}");
+    assert!(log.contains("cloning the replica again"), "{log}");
+    assert!(!log.contains("pg_rewind done"), "{log}");
+    let forked: Option<String> = right
+        .sql()
+        .await?
+        .query_one("SELECT to_regclass('forked')::text", &[])
+        .await?
+        .get(0);
+    assert_eq!(forked, None, "the forked history survived");
     fixture.passed()
 }
 
