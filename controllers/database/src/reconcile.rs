@@ -562,8 +562,7 @@ fn instance_pods(ctx: &Context, cluster: &DatabaseCluster) -> Vec<Arc<Pod>> {
     })
 }
 
-/// The rollout's next step (see `rollout.rs`); Done when there is nothing
-/// the controller may do yet.
+/// The rollout's next step (see `rollout.rs`).
 fn roll_out(
     cluster: &DatabaseCluster,
     stateful_set: &StatefulSet,
@@ -571,14 +570,10 @@ fn roll_out(
     primary: &str,
     members: &[Member],
 ) -> rollout::Step {
-    if !cluster.status.as_ref().is_some_and(|s| s.initialized) {
-        return rollout::Step::Done; // nothing runs that a restart could disturb
-    }
     let pods: Vec<&Pod> = pods.iter().map(AsRef::as_ref).collect();
     let Some(instances) = rollout::instances(stateful_set, &pods) else {
-        return rollout::Step::Wait(
-            "the StatefulSet has not taken the new template yet".to_owned(),
-        );
+        // The StatefulSet controller has not seen the new template yet.
+        return rollout::Step::Done;
     };
     let switching = cluster
         .status
@@ -586,7 +581,15 @@ fn roll_out(
         .and_then(|s| s.last_switchover.as_ref())
         .is_some_and(|r| r.promoted_at.is_none());
     let expected = usize::try_from(cluster.spec.instances).unwrap_or(0);
-    rollout::next(&instances, expected, primary, members, switching)
+    let initialized = cluster.status.as_ref().is_some_and(|s| s.initialized);
+    rollout::next(
+        &instances,
+        expected,
+        primary,
+        members,
+        switching,
+        initialized,
+    )
 }
 
 /// Deletes an instance pod so the StatefulSet recreates it from the new

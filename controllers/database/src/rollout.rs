@@ -74,12 +74,16 @@ fn is_ready(pod: &Pod) -> bool {
 
 /// The next step of the rollout. `expected` is the number of instances the
 /// StatefulSet should have; `switching` says a switchover is under way.
+/// Before the cluster was initialised no instance holds data: the pods are
+/// restarted one at a time, the primary last, whether or not they are ready
+/// (a new image may be the fix for a bootstrap that never finished).
 pub fn next(
     instances: &[Instance],
     expected: usize,
     primary: &str,
     members: &[Member],
     switching: bool,
+    initialized: bool,
 ) -> Step {
     let leaving = ordinal(primary) as usize >= expected;
     if !leaving && instances.iter().all(|i| i.updated) {
@@ -111,7 +115,7 @@ pub fn next(
     // Otherwise the highest ordinal first, as the StatefulSet would.
     outdated.sort_by_key(|i| (i.ready, std::cmp::Reverse(ordinal(&i.pod))));
     if let Some(replica) = outdated.first() {
-        if !replica.ready {
+        if !replica.ready || !initialized {
             return Step::Restart(replica.pod.clone());
         }
         if let Some(unready) = instances.iter().find(|i| !i.ready) {
@@ -120,7 +124,7 @@ pub fn next(
         return Step::Restart(replica.pod.clone());
     }
     // Only the primary is left.
-    if instances.len() == 1 {
+    if instances.len() == 1 || !initialized {
         return Step::Restart(primary.to_owned());
     }
     match switchover_target(instances, expected, primary, members) {
@@ -202,22 +206,22 @@ mod tests {
             pod("db-2", false, true),
         ];
         assert_eq!(
-            next(&pods, 3, "db-0", &members(), false),
+            next(&pods, 3, "db-0", &members(), false, true),
             Step::Restart("db-2".into())
         );
         pods[2].terminating = true;
         assert_eq!(
-            next(&pods, 3, "db-0", &members(), false),
+            next(&pods, 3, "db-0", &members(), false, true),
             Step::Wait("db-2 is restarting".into())
         );
         pods[2] = pod("db-2", true, false);
         assert_eq!(
-            next(&pods, 3, "db-0", &members(), false),
+            next(&pods, 3, "db-0", &members(), false, true),
             Step::Wait("db-2 is not ready".into())
         );
         pods[2].ready = true;
         assert_eq!(
-            next(&pods, 3, "db-0", &members(), false),
+            next(&pods, 3, "db-0", &members(), false, true),
             Step::Restart("db-1".into())
         );
     }
@@ -230,7 +234,7 @@ mod tests {
             pod("db-2", false, true),
         ];
         assert_eq!(
-            next(&pods, 3, "db-0", &members(), false),
+            next(&pods, 3, "db-0", &members(), false, true),
             Step::Restart("db-1".into())
         );
     }
@@ -243,11 +247,11 @@ mod tests {
             pod("db-2", true, true),
         ];
         assert_eq!(
-            next(&pods, 3, "db-0", &members(), false),
+            next(&pods, 3, "db-0", &members(), false, true),
             Step::SwitchOver("db-2".into())
         );
         assert_eq!(
-            next(&pods, 3, "db-0", &members(), true),
+            next(&pods, 3, "db-0", &members(), true, true),
             Step::Wait("a switchover is under way".into())
         );
     }
@@ -257,18 +261,25 @@ mod tests {
         let no_target =
             |step: Step| matches!(step, Step::Wait(why) if why.contains("no up-to-date replica"));
         let unready = vec![pod("db-0", false, true), pod("db-1", true, false)];
-        assert!(no_target(next(&unready, 2, "db-0", &members(), false)));
+        assert!(no_target(next(
+            &unready,
+            2,
+            "db-0",
+            &members(),
+            false,
+            true
+        )));
         let mut lagging = members();
         lagging[0].observed.ready = false;
         let ready = vec![pod("db-0", false, true), pod("db-1", true, true)];
-        assert!(no_target(next(&ready, 2, "db-0", &lagging, false)));
+        assert!(no_target(next(&ready, 2, "db-0", &lagging, false, true)));
     }
 
     #[test]
     fn a_single_instance_restarts_in_place() {
         let pods = vec![pod("db-0", false, true)];
         assert_eq!(
-            next(&pods, 1, "db-0", &[], false),
+            next(&pods, 1, "db-0", &[], false, true),
             Step::Restart("db-0".into())
         );
     }
@@ -281,7 +292,7 @@ mod tests {
             pod("db-2", true, true),
         ];
         assert_eq!(
-            next(&pods, 3, "db-2", &members(), false),
+            next(&pods, 3, "db-2", &members(), false, true),
             Step::Restart("db-0".into())
         );
         let done = vec![
@@ -289,7 +300,7 @@ mod tests {
             pod("db-1", true, true),
             pod("db-2", true, true),
         ];
-        assert_eq!(next(&done, 3, "db-2", &members(), false), Step::Done);
+        assert_eq!(next(&done, 3, "db-2", &members(), false, true), Step::Done);
     }
 
     #[test]
@@ -300,17 +311,39 @@ mod tests {
             pod("db-2", true, true),
         ];
         assert_eq!(
-            next(&pods, 2, "db-2", &members(), false),
+            next(&pods, 2, "db-2", &members(), false, true),
             Step::SwitchOver("db-1".into())
         );
-        assert_eq!(next(&pods, 2, "db-1", &members(), false), Step::Done);
+        assert_eq!(next(&pods, 2, "db-1", &members(), false, true), Step::Done);
         let unready = vec![
             pod("db-0", true, false),
             pod("db-1", true, false),
             pod("db-2", true, true),
         ];
         assert!(
-            matches!(next(&unready, 2, "db-2", &members(), false), Step::Wait(why) if why.contains("scaling down"))
+            matches!(next(&unready, 2, "db-2", &members(), false, true), Step::Wait(why) if why.contains("scaling down"))
+        );
+    }
+
+    #[test]
+    fn before_initialisation_pods_restart_in_order_ready_or_not() {
+        let pods = vec![
+            pod("db-0", false, false),
+            pod("db-1", false, true),
+            pod("db-2", true, false),
+        ];
+        assert_eq!(
+            next(&pods, 3, "db-0", &[], false, false),
+            Step::Restart("db-1".into())
+        );
+        let pods = vec![
+            pod("db-0", false, false),
+            pod("db-1", true, false),
+            pod("db-2", true, false),
+        ];
+        assert_eq!(
+            next(&pods, 3, "db-0", &[], false, false),
+            Step::Restart("db-0".into())
         );
     }
 
@@ -318,7 +351,7 @@ mod tests {
     fn a_missing_pod_is_waited_for() {
         let pods = vec![pod("db-0", false, true), pod("db-1", false, true)];
         assert!(matches!(
-            next(&pods, 3, "db-0", &members(), false),
+            next(&pods, 3, "db-0", &members(), false, true),
             Step::Wait(_)
         ));
     }
