@@ -48,6 +48,8 @@ impl Restart {
 #[derive(Debug, PartialEq, Eq)]
 enum Slot {
     Kept,
+    /// The server behind `-rw` is still in recovery: no slot there yet.
+    NotYet,
     /// Invalidated past `max_slot_wal_keep_size`: the WAL this replica
     /// needs is gone from the primary.
     Lost,
@@ -67,9 +69,18 @@ enum Source {
 /// primary accepts the TCP connection and then answers nothing.)
 const PRIMARY_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// A replica that has not streamed for this long, from a primary that
-/// answers, is checked for a history that forked off the primary's.
-const FORK_CHECK_AFTER: Duration = Duration::from_secs(15);
+/// A replica that has not streamed for this long while the primary answers
+/// is stuck: its history forked off the primary's (it is cloned again), or
+/// its WAL receiver hangs on a connection to a frozen former primary, which
+/// no PostgreSQL timeout ends while it is still connecting (postgres is
+/// restarted, and the receiver connects through `-rw` again).
+const STUCK_AFTER: Duration = Duration::from_secs(10);
+
+/// Why a replica that does not stream must restart, and how.
+enum Stuck {
+    Reconnect(String),
+    Reclone(String),
+}
 
 pub struct Supervisor {
     config: Config,
@@ -456,7 +467,7 @@ impl Supervisor {
         match wal_status.as_deref() {
             Some("lost") => return Ok(Slot::Lost),
             Some(_) => return Ok(Slot::Kept),
-            None if standby => return Ok(Slot::Kept), // created once it is promoted
+            None if standby => return Ok(Slot::NotYet), // created once it is promoted
             None => {}
         }
         client
@@ -491,45 +502,51 @@ impl Supervisor {
         Ok(())
     }
 
-    /// Why this replica, not streaming, can never follow the primary, if it
-    /// cannot: its slot was invalidated, or (after `FORK_CHECK_AFTER`) its
-    /// history forked off the primary's. Creates a missing slot meanwhile.
-    async fn cannot_follow(
-        &self,
-        sample: &observe::Sample,
-        silent_for: Duration,
-    ) -> Option<String> {
+    /// Why this replica, not streaming, must restart, if it must: its slot
+    /// was invalidated, or (after `STUCK_AFTER`, the primary answering) its
+    /// history forked off the primary's, or its WAL receiver is stuck.
+    /// Creates a missing slot meanwhile.
+    async fn stuck(&self, sample: &observe::Sample, silent_for: Duration) -> Option<Stuck> {
         match self.check_slot().await {
             Ok(Slot::Lost) => {
-                return Some(
+                return Some(Stuck::Reclone(
                     "the primary invalidated this replica's slot (max_slot_wal_keep_size): the \
                      WAL it needs is gone"
                         .to_owned(),
-                );
+                ));
             }
             Ok(Slot::Kept) => {}
+            Ok(Slot::NotYet) => return None,
             Err(message) => {
                 tracing::debug!(%message, "cannot check the replication slot");
                 return None;
             }
         }
-        if silent_for < FORK_CHECK_AFTER {
+        if silent_for < STUCK_AFTER {
             return None;
         }
         let timeline = sample.timeline?;
         let position = sample.wal_position.as_deref().and_then(parse_lsn)?;
         match self.primary_history(timeline).await {
             Ok(Some((primary_timeline, history))) => {
-                forked(&history, timeline, position).map(|why| {
-                    format!("this replica's history forked off the primary's (timeline {primary_timeline}): {why}")
-                })
+                if let Some(why) = forked(&history, timeline, position) {
+                    return Some(Stuck::Reclone(format!(
+                        "this replica's history forked off the primary's (timeline \
+                         {primary_timeline}): {why}"
+                    )));
+                }
             }
-            Ok(None) => None,
+            Ok(None) => {}
             Err(message) => {
                 tracing::debug!(%message, "cannot read the primary's timeline history");
-                None
+                return None;
             }
         }
+        Some(Stuck::Reconnect(format!(
+            "not streaming for {}s although the primary answers: restarting postgres so that \
+             its WAL receiver connects again",
+            silent_for.as_secs()
+        )))
     }
 
     /// The primary's timeline and its history file, when it is on a later
@@ -934,11 +951,15 @@ impl Supervisor {
                 last_streaming = Some(Instant::now());
             } else if assigned == Role::Replica && tick.is_multiple_of(5) {
                 let silent_for = last_streaming.unwrap_or(started).elapsed();
-                if let Some(reason) = self.cannot_follow(&sample, silent_for).await {
-                    return Restart {
-                        reclone: true,
-                        ..Restart::new(reason)
-                    };
+                match self.stuck(&sample, silent_for).await {
+                    Some(Stuck::Reclone(reason)) => {
+                        return Restart {
+                            reclone: true,
+                            ..Restart::new(reason)
+                        };
+                    }
+                    Some(Stuck::Reconnect(reason)) => return Restart::new(reason),
+                    None => {}
                 }
             }
             let silence = last_streaming.map(|at| at.elapsed());
