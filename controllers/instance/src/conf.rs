@@ -75,10 +75,6 @@ pub fn primary_conninfo(
         ("user", user),
         ("passfile", &passfile.display().to_string()),
         ("application_name", application_name),
-        // `-rw` may still lead to a frozen primary (its node answers TCP,
-        // its postgres nothing): give up and retry, the Service follows the
-        // new primary. wal_receiver_timeout covers an established stream.
-        ("connect_timeout", "5"),
     ])
 }
 
@@ -150,7 +146,7 @@ mod tests {
         );
         assert_eq!(
             info,
-            "host=orders-rw port=5432 user=streaming_replica passfile=/run/pg/pgpass application_name=orders-1 connect_timeout=5"
+            "host=orders-rw port=5432 user=streaming_replica passfile=/run/pg/pgpass application_name=orders-1"
         );
         let conf = postgresql_conf("", &settings(Some(info)));
         assert!(conf.contains("primary_conninfo = 'host=orders-rw port=5432"));
