@@ -8,6 +8,7 @@
 //! a full lease duration (15 s measured here), not the ~1 s a graceful
 //! shutdown needs.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -62,6 +63,7 @@ pub enum LeaderError {
 /// releasing; call [`Candidacy::release`] on a graceful shutdown.
 pub struct Candidacy {
     is_leader: watch::Receiver<bool>,
+    sure: Sureness,
     stop: Option<oneshot::Sender<oneshot::Sender<Result<(), kube::Error>>>>,
     task: JoinHandle<()>,
     metrics: Metrics,
@@ -78,16 +80,22 @@ pub fn run_for(
 ) -> Candidacy {
     let (leader_tx, is_leader) = watch::channel(false);
     let (stop, stop_rx) = oneshot::channel();
+    let sure = Sureness {
+        renewed: Arc::default(),
+        deadline: timing.renew_deadline,
+    };
     let election = Election {
         api: Api::namespaced(client, namespace),
         name: name.to_owned(),
         identity: identity.to_owned(),
         timing,
         last_renewal: None,
+        sure: sure.clone(),
     };
     let task = tokio::spawn(election.run(leader_tx, stop_rx));
     Candidacy {
         is_leader,
+        sure,
         stop: Some(stop),
         task,
         metrics,
@@ -123,6 +131,11 @@ impl Candidacy {
         *self.is_leader.borrow()
     }
 
+    /// A check any task can make before it writes (see [`Sureness`]).
+    pub fn sureness(&self) -> Sureness {
+        self.sure.clone()
+    }
+
     /// Steps down and clears the lease so a standby takes over within its
     /// retry interval (on SIGTERM). Waits at most `timeout`.
     pub async fn release(mut self, timeout: Duration) -> Result<(), LeaderError> {
@@ -152,8 +165,42 @@ impl Drop for Candidacy {
     }
 }
 
+/// Whether this replica renewed the lease within the renew deadline, read
+/// from the clock at the moment of asking. The election task updates the
+/// leader flag only after its next request; a process that was frozen (a
+/// stopped node, SIGSTOP) runs its queued reconciles the moment it thaws,
+/// before that request, and must write nothing then.
+#[derive(Clone)]
+pub struct Sureness {
+    renewed: Arc<Mutex<Option<Instant>>>,
+    deadline: Duration,
+}
+
+impl Sureness {
+    pub fn is_sure(&self) -> bool {
+        self.renewed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|renewed| renewed.elapsed() < self.deadline)
+    }
+
+    /// Sure for `deadline` from now (tests of code that checks it).
+    #[cfg(test)]
+    pub(crate) fn renewed_now(deadline: Duration) -> Self {
+        Self {
+            renewed: Arc::new(Mutex::new(Some(Instant::now()))),
+            deadline,
+        }
+    }
+
+    fn set(&self, renewed: Option<Instant>) {
+        *self.renewed.lock().unwrap_or_else(|p| p.into_inner()) = renewed;
+    }
+}
+
 struct Election {
     api: Api<Lease>,
+    sure: Sureness,
     name: String,
     identity: String,
     timing: Timing,
@@ -217,6 +264,7 @@ impl Election {
         let started = Instant::now();
         self.api.create(&PostParams::default(), &lease).await?;
         self.last_renewal = Some(started);
+        self.sure.set(Some(started));
         Ok(())
     }
 
@@ -225,6 +273,7 @@ impl Election {
         let ours = spec.holder_identity.as_deref() == Some(self.identity.as_str());
         if !ours {
             self.last_renewal = None;
+            self.sure.set(None);
             if spec.holder_identity.is_some() && !expired(&spec) {
                 return Ok(()); // someone else leads
             }
@@ -253,6 +302,7 @@ impl Election {
             tracing::info!(lease = %self.name, identity = %self.identity, "acquired the lease");
         }
         self.last_renewal = Some(started);
+        self.sure.set(Some(started));
         Ok(())
     }
 
@@ -273,6 +323,7 @@ impl Election {
     /// Clears the lease if this replica holds it.
     async fn release(&mut self) -> Result<(), kube::Error> {
         self.last_renewal = None;
+        self.sure.set(None);
         let Some(mut lease) = self.api.get_opt(&self.name).await? else {
             return Ok(());
         };
@@ -314,6 +365,17 @@ mod tests {
             lease_duration_seconds: Some(duration),
             ..LeaseSpec::default()
         }
+    }
+
+    #[test]
+    fn sure_only_within_the_renew_deadline_of_the_last_renewal() {
+        assert!(Sureness::renewed_now(Duration::from_secs(10)).is_sure());
+        assert!(!Sureness::renewed_now(Duration::ZERO).is_sure());
+        let never = Sureness {
+            renewed: Arc::default(),
+            deadline: Duration::from_secs(10),
+        };
+        assert!(!never.is_sure());
     }
 
     #[test]

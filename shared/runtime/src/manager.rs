@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::fmt::{Debug, Display};
 use std::future::Future;
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
@@ -35,7 +35,7 @@ use crate::admin::{self, Health};
 use crate::certs;
 use crate::config::Config;
 use crate::errors::{Backoff, ErrorClass};
-use crate::leader::{self, Timing};
+use crate::leader::{self, Sureness, Timing};
 use crate::metrics::Metrics;
 use crate::telemetry::{self, Telemetry};
 use crate::webhook::{self, WebhookServer};
@@ -308,12 +308,14 @@ impl Manager {
     {
         // Streams are lazy: nothing of this runs (and the caches keep being
         // drained) until `lead` polls it, as the leader.
+        let leading = Arc::new(OnceLock::new());
         let reconciler = Arc::new(Instrumented::new(
             reconcile,
             context,
             self.metrics.clone(),
             self.config.backoff(),
             Duration::from_secs(self.config.resync_seconds),
+            leading.clone(),
         ));
         let terminate = self.terminate.clone();
         let running = controller
@@ -334,7 +336,7 @@ impl Manager {
                 reconciler,
             )
             .for_each(|_| std::future::ready(()));
-        let code = self.lead(running.boxed()).await;
+        let code = self.lead(running.boxed(), leading).await;
         let _ = self.stop_admin.send(());
         let _ = self.admin.await;
         self.telemetry.shutdown();
@@ -343,7 +345,11 @@ impl Manager {
 
     /// Waits for the caches and the lease, then drives `running` (the
     /// controller) until SIGTERM and its grace period, or the lease's loss.
-    async fn lead(&mut self, running: BoxFuture<'static, ()>) -> ExitCode {
+    async fn lead(
+        &mut self,
+        running: BoxFuture<'static, ()>,
+        leading: Arc<OnceLock<Sureness>>,
+    ) -> ExitCode {
         let synced = futures::future::join_all(std::mem::take(&mut self.caches_synced));
         tokio::select! {
             _ = synced => {
@@ -361,6 +367,7 @@ impl Manager {
             Timing::default(),
             self.metrics.clone(),
         );
+        let _ = leading.set(candidacy.sureness());
         tokio::select! {
             acquired = candidacy.acquired() => if let Err(e) = acquired {
                 tracing::error!(error = %e, "leader election stopped");
@@ -484,6 +491,8 @@ struct Instrumented<F, Ctx> {
     resync: Duration,
     /// Consecutive failures per object, for the backoff.
     failures: Mutex<HashMap<String, u32>>,
+    /// Whether this replica surely leads, once it competes for the lease.
+    leading: Arc<OnceLock<Sureness>>,
 }
 
 impl<F, Ctx> Instrumented<F, Ctx> {
@@ -493,6 +502,7 @@ impl<F, Ctx> Instrumented<F, Ctx> {
         metrics: Metrics,
         backoff: Backoff,
         resync: Duration,
+        leading: Arc<OnceLock<Sureness>>,
     ) -> Self {
         Self {
             reconcile,
@@ -501,6 +511,7 @@ impl<F, Ctx> Instrumented<F, Ctx> {
             backoff,
             resync,
             failures: Mutex::new(HashMap::new()),
+            leading,
         }
     }
 
@@ -513,6 +524,12 @@ impl<F, Ctx> Instrumented<F, Ctx> {
     {
         let kind = K::kind(&());
         let reference = ObjectRef::from_obj(&*object).to_string();
+        if !self.leading.get().is_some_and(Sureness::is_sure) {
+            // Frozen past the renew deadline, say: another replica may lead
+            // by now. Write nothing; the election settles it within moments.
+            tracing::warn!(object = %reference, "not sure this replica still leads: reconcile skipped");
+            return Ok(Action::requeue(Duration::from_secs(1)));
+        }
         let span = tracing::info_span!(
             "reconcile",
             kind = %kind,
@@ -658,6 +675,9 @@ mod tests {
             metrics,
             Backoff::default(),
             Duration::from_secs(300),
+            Arc::new(OnceLock::from(Sureness::renewed_now(Duration::from_secs(
+                60,
+            )))),
         )
     }
 
