@@ -338,7 +338,9 @@ pub fn service_account(cluster: &DatabaseCluster) -> ServiceAccount {
 
 /// The instances' pod names, by ordinal.
 pub fn pod_names(cluster: &DatabaseCluster) -> Vec<String> {
-    (0..cluster.spec.instances.max(0))
+    // The pods the StatefulSet keeps: a primary waiting to be switched away
+    // from before a scale-down still renews its Lease and is still listed.
+    (0..kept_instances(cluster).max(0))
         .map(|ordinal| format!("{}-{ordinal}", cluster.name_any()))
         .collect()
 }
@@ -777,6 +779,20 @@ mod tests {
             conf.contains("max_slot_wal_keep_size = '102MB'\n"),
             "{conf}"
         );
+    }
+
+    #[test]
+    fn a_primary_a_scale_down_would_remove_is_kept_with_its_lease_until_switched_away() {
+        let mut cluster = cluster(&[]);
+        cluster.spec.instances = 2;
+        cluster.status = Some(cairn_api::database::v1::DatabaseClusterStatus {
+            current_primary: Some("orders-2".into()),
+            ..Default::default()
+        });
+        assert_eq!(kept_instances(&cluster), 3);
+        assert_eq!(pod_names(&cluster), ["orders-0", "orders-1", "orders-2"]);
+        cluster.status = None;
+        assert_eq!(kept_instances(&cluster), 2);
     }
 
     #[test]
