@@ -227,7 +227,7 @@ pub async fn reconcile(cluster: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Resu
     };
     let initialized = is_initialized(&cluster, &primary, &members);
     let labelled_primary = (!switching.demoted).then_some(primary.as_str());
-    label_roles(&ctx, &cluster, labelled_primary, initialized).await?;
+    label_roles(&ctx, &cluster, &pods, labelled_primary, initialized).await?;
     let blocked_storage = grow_storage(&ctx, &cluster).await?;
     let mut observed = status::observe(&cluster, instances, &primary, &now);
     observed.initialized = initialized;
@@ -544,7 +544,7 @@ async fn switch_over(
         );
         publish(ctx, cluster, EventType::Normal, "SwitchedOver", message).await;
     }
-    let demoted = record.as_ref().is_some_and(|r| r.promoted_at.is_none());
+    let demoted = switchover::under_way(record.as_ref()).is_some();
     Ok(Switching {
         record,
         demoted,
@@ -575,11 +575,13 @@ fn roll_out(
         // The StatefulSet controller has not seen the new template yet.
         return rollout::Step::Done;
     };
-    let switching = cluster
-        .status
-        .as_ref()
-        .and_then(|s| s.last_switchover.as_ref())
-        .is_some_and(|r| r.promoted_at.is_none());
+    let switching = switchover::under_way(
+        cluster
+            .status
+            .as_ref()
+            .and_then(|s| s.last_switchover.as_ref()),
+    )
+    .is_some();
     let expected = usize::try_from(cluster.spec.instances).unwrap_or(0);
     let initialized = cluster.status.as_ref().is_some_and(|s| s.initialized);
     rollout::next(
@@ -789,12 +791,13 @@ async fn ensure_credentials(ctx: &Context, cluster: &DatabaseCluster) -> Result<
 async fn label_roles(
     ctx: &Context,
     cluster: &DatabaseCluster,
+    pods: &[Arc<Pod>],
     primary: Option<&str>,
     initialized: bool,
 ) -> Result<(), Error> {
     let namespace = cluster.namespace().unwrap_or_default();
     let api = Api::<Pod>::namespaced(ctx.client.clone(), &namespace);
-    let mut pods = instance_pods(ctx, cluster);
+    let mut pods = pods.to_vec();
     pods.sort_by_key(|pod| Some(pod.name_any().as_str()) == primary);
     for pod in pods {
         let is_primary = Some(pod.name_any().as_str()) == primary;

@@ -36,8 +36,7 @@ pub fn next(
     record: Option<&SwitchoverRecord>,
     members: &[Member],
 ) -> Step {
-    let under_way = record.filter(|r| r.promoted_at.is_none());
-    if let Some(record) = under_way {
+    if let Some(record) = under_way(record) {
         return progress(record, members);
     }
     let Some(target) = requested else {
@@ -64,6 +63,11 @@ pub fn next(
         from: primary.to_owned(),
         to: target.to_owned(),
     }
+}
+
+/// The switchover recorded and not yet promoted, if there is one.
+pub fn under_way(record: Option<&SwitchoverRecord>) -> Option<&SwitchoverRecord> {
+    record.filter(|r| r.promoted_at.is_none())
 }
 
 fn progress(record: &SwitchoverRecord, members: &[Member]) -> Step {

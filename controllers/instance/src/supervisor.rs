@@ -30,8 +30,8 @@ const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 struct Restart {
     reason: String,
     fenced: bool,
-    /// The folder cannot follow the primary any more: clone it again.
-    reclone: bool,
+    /// The folder cannot follow the primary any more: clone it again; why.
+    reclone: Option<String>,
 }
 
 impl Restart {
@@ -39,7 +39,7 @@ impl Restart {
         Self {
             reason: reason.into(),
             fenced: false,
-            reclone: false,
+            reclone: None,
         }
     }
 }
@@ -68,6 +68,10 @@ enum Source {
 /// for it, and `/livez` fails after three missed polls and 5 s. (A frozen
 /// primary accepts the TCP connection and then answers nothing.)
 const PRIMARY_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The longest the check before a rewind may take (it checkpoints the
+/// primary); a source that stops answering must not hold up the retry.
+const REWIND_CHECK_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// A replica that has not streamed for this long while the primary answers
 /// is stuck: its history forked off the primary's (it is cloned again), or
@@ -111,7 +115,7 @@ impl Supervisor {
     pub async fn run(&self, shutdown: impl Future<Output = ()>) {
         let mut shutdown = std::pin::pin!(shutdown);
         let mut backoff = Backoff::default();
-        let mut reclone = false;
+        let mut reclone = None;
         loop {
             let role = tokio::select! {
                 role = self.wait_for_role() => role,
@@ -160,15 +164,15 @@ impl Supervisor {
                     // A demotion: writes must stop now, not when sessions end;
                     // and no restart here is a failure, so no backoff.
                     tracing::warn!(reason = %restart.reason, "stopping postgres to restart it");
-                    reclone = restart.reclone;
                     if restart.fenced {
                         self.stop_now(&mut postgres).await;
                     } else {
                         self.stop(&mut postgres, false).await;
-                        if !restart.reclone {
+                        if restart.reclone.is_none() {
                             self.report_shutdown_position().await;
                         }
                     }
+                    reclone = restart.reclone;
                     continue;
                 }
                 () = &mut shutdown => {
@@ -238,8 +242,9 @@ impl Supervisor {
     }
 
     /// Makes the data folder ready to start in `role`; a replica's folder
-    /// that cannot follow the primary any more is cloned again if `reclone`.
-    async fn prepare(&self, role: Role, reclone: bool) -> Result<(), String> {
+    /// that cannot follow the primary any more is cloned again if `reclone`
+    /// says why.
+    async fn prepare(&self, role: Role, reclone: Option<String>) -> Result<(), String> {
         let data = &self.config.data_dir;
         std::fs::create_dir_all(&self.config.run_dir)
             .map_err(|e| format!("run folder {}: {e}", self.config.run_dir.display()))?;
@@ -250,14 +255,16 @@ impl Supervisor {
             DataFolder::Existing => {
                 tracing::info!(data = %data.display(), %role, "starting from the existing data folder");
                 remove_stale_pid_file(data);
-                let rewind_interrupted = rewind_marker(data).exists();
-                if role == Role::Replica && (reclone || rewind_interrupted) {
-                    let why = match reclone {
-                        true => "the primary no longer has the WAL this replica needs",
-                        false => "pg_rewind did not finish, so the folder may be inconsistent",
-                    };
+                let why = reclone.or_else(|| {
+                    rewind_marker(data).exists().then(|| {
+                        "pg_rewind did not finish, so the folder may be inconsistent".to_owned()
+                    })
+                });
+                if role == Role::Replica
+                    && let Some(why) = why
+                {
                     self.state.phase(Phase::Bootstrapping);
-                    self.reclone(why).await?;
+                    self.reclone(&why).await?;
                 } else if role == Role::Replica {
                     let control = self.control_data().await?;
                     if control.was_primary {
@@ -391,24 +398,15 @@ impl Supervisor {
     /// not yet seen by the Service) or on the folder's own timeline would make
     /// it report "no rewind required" over diverged histories.
     async fn check_rewind_source(&self, timeline: u32) -> Result<Source, String> {
-        let host = self.primary_host()?;
-        // A connected source that stops answering must not hold up the retry.
-        tokio::time::timeout(
-            Duration::from_secs(120),
-            self.try_check_rewind_source(&host, timeline),
-        )
-        .await
-        .unwrap_or_else(|_| Err(format!("the primary {host} did not answer within 120 s")))
+        // It checkpoints first, which may take a while on a busy primary.
+        bounded(REWIND_CHECK_TIMEOUT, self.try_check_rewind_source(timeline)).await
     }
 
-    async fn try_check_rewind_source(&self, host: &str, timeline: u32) -> Result<Source, String> {
-        let (client, connection) = self
-            .superuser(host, self.config.primary_port)?
-            .connect_timeout(Duration::from_secs(10))
-            .connect(tokio_postgres::NoTls)
+    async fn try_check_rewind_source(&self, timeline: u32) -> Result<Source, String> {
+        let (client, host) = self
+            .primary_superuser()
             .await
-            .map_err(|e| format!("cannot reach the primary {host} to rewind from: {e}"))?;
-        tokio::spawn(connection);
+            .map_err(|e| format!("{e} (to rewind from)"))?;
         let sql = |e: tokio_postgres::Error| format!("the primary {host}: {e}");
         let in_recovery: bool = client
             .query_one("SELECT pg_is_in_recovery()", &[])
@@ -437,7 +435,7 @@ impl Supervisor {
                  refusing to rewind over it"
             )));
         }
-        Ok(Source::Rewindable(host.to_owned()))
+        Ok(Source::Rewindable(host))
     }
 
     fn slot_name(&self) -> String {
@@ -449,7 +447,7 @@ impl Supervisor {
     /// `max_slot_wal_keep_size`). Slots are not replicated: after a failover
     /// each replica creates its slot on the new primary this way.
     async fn check_slot(&self) -> Result<Slot, String> {
-        bounded(self.try_check_slot()).await
+        bounded(PRIMARY_TIMEOUT, self.try_check_slot()).await
     }
 
     async fn try_check_slot(&self) -> Result<Slot, String> {
@@ -485,7 +483,7 @@ impl Supervisor {
     /// A lost slot reserves nothing: it is dropped so `check_slot` creates
     /// it again, reserving WAL from now, before a new base backup starts.
     async fn drop_lost_slot(&self) -> Result<(), String> {
-        bounded(self.try_drop_lost_slot()).await
+        bounded(PRIMARY_TIMEOUT, self.try_drop_lost_slot()).await
     }
 
     async fn try_drop_lost_slot(&self) -> Result<(), String> {
@@ -552,7 +550,7 @@ impl Supervisor {
     /// The primary's timeline and its history file, when it is on a later
     /// timeline than `timeline`.
     async fn primary_history(&self, timeline: u32) -> Result<Option<(u32, String)>, String> {
-        bounded(self.try_primary_history(timeline)).await
+        bounded(PRIMARY_TIMEOUT, self.try_primary_history(timeline)).await
     }
 
     async fn try_primary_history(&self, timeline: u32) -> Result<Option<(u32, String)>, String> {
@@ -954,7 +952,7 @@ impl Supervisor {
                 match self.stuck(&sample, silent_for).await {
                     Some(Stuck::Reclone(reason)) => {
                         return Restart {
-                            reclone: true,
+                            reclone: Some(reason.clone()),
                             ..Restart::new(reason)
                         };
                     }
@@ -1376,15 +1374,14 @@ fn latest_history(data: &Path) -> u32 {
 }
 
 /// `0000000A.history` → 10.
-/// A question to the primary, given up after `PRIMARY_TIMEOUT`.
-async fn bounded<T>(question: impl Future<Output = Result<T, String>>) -> Result<T, String> {
-    tokio::time::timeout(PRIMARY_TIMEOUT, question)
+/// A question to the primary, given up after `limit`.
+async fn bounded<T>(
+    limit: Duration,
+    question: impl Future<Output = Result<T, String>>,
+) -> Result<T, String> {
+    tokio::time::timeout(limit, question)
         .await
-        .unwrap_or_else(|_| {
-            Err(format!(
-                "the primary did not answer within {PRIMARY_TIMEOUT:?}"
-            ))
-        })
+        .unwrap_or_else(|_| Err(format!("the primary did not answer within {limit:?}")))
 }
 
 /// Whether a server on `timeline`, replayed up to `position`, diverged from
