@@ -81,8 +81,12 @@ pub fn cluster_spec(instances: i32) -> DatabaseClusterSpec {
     }
 }
 
+/// Where the client pod mounts the cluster's published CA (ConfigMap `<cluster>-ca`).
+pub const CLIENT_CA_FILE: &str = "/etc/cairn-ca/ca.crt";
+
 /// A pod `client` with psql, under the restricted level, logged in as the
-/// application's owner from `database`'s credentials Secret.
+/// application's owner from `database`'s credentials Secret, verifying the
+/// server with the cluster's published CA (`sslmode=verify-full`).
 pub async fn start_client(ns: &TestNamespace, database: &str) -> Result {
     start_client_on(ns, database, None).await
 }
@@ -109,13 +113,17 @@ pub async fn start_client_on(ns: &TestNamespace, database: &str, node: Option<&s
                     { "name": "PGUSER", "valueFrom": from_secret("username") },
                     { "name": "PGPASSWORD", "valueFrom": from_secret("password") },
                     { "name": "PGDATABASE", "valueFrom": from_secret("database") },
-                    { "name": "PGCONNECT_TIMEOUT", "value": "5" }
+                    { "name": "PGCONNECT_TIMEOUT", "value": "5" },
+                    { "name": "PGSSLMODE", "value": "verify-full" },
+                    { "name": "PGSSLROOTCERT", "value": CLIENT_CA_FILE }
                 ],
+                "volumeMounts": [{ "name": "ca", "mountPath": "/etc/cairn-ca", "readOnly": true }],
                 "securityContext": {
                     "allowPrivilegeEscalation": false,
                     "capabilities": { "drop": ["ALL"] }
                 }
-            }]
+            }],
+            "volumes": [{ "name": "ca", "configMap": { "name": format!("{database}-ca") } }]
         }
     }))
     .map_err(|e| Error::Setup(e.to_string()))?;

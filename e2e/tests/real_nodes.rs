@@ -3,7 +3,8 @@
 //! behind its Service, restricted Pod Security), and a DatabaseCluster's
 //! PostgreSQL runs in its pods (kubelet, containerd, runc, the CNI bridge,
 //! kube-proxy, CoreDNS, local-path volumes). A client pod reaches it through
-//! `<name>-rw` and `<name>-ro`. Nothing here is faked by kwok.
+//! `<name>-rw` and `<name>-ro`, over TLS verified with the published CA.
+//! Nothing here is faked by kwok.
 //!
 //! The images come from `hack/images.sh workspace`, imported into every node
 //! by the test entry point.
@@ -17,7 +18,7 @@ use cairn_e2e::real::{
     CHART, READY_TIMEOUT, cluster_spec, enforce_restricted_pod_security, install_controller,
 };
 use cairn_testing::{Error, TestNamespace, cluster, wait};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
@@ -54,6 +55,7 @@ async fn postgresql_and_the_controller_run_in_real_pods() -> Result {
     )
     .await?;
     until_rows_on_replicas(&ns, 100).await?;
+    only_tls_and_a_new_certificate_without_restart(&ns).await?;
 
     // Planned changes are Progressing, never Degraded: seen by a watch, so no
     // transition between two polls goes unnoticed.
@@ -370,6 +372,125 @@ async fn deleted_pod_returns_with_its_data(ns: &TestNamespace) -> Result {
     .await?;
     until_psql(ns, "rw", "SELECT count(*) FROM orders", "150").await?;
     until_rows_on_replicas(ns, 150).await
+}
+
+/// Clients must use TLS (the client pod verifies the server with the
+/// published CA); a new server certificate is served without a restart.
+async fn only_tls_and_a_new_certificate_without_restart(ns: &TestNamespace) -> Result {
+    let plain = cairn_e2e::real::exec(
+        ns,
+        &[
+            "env",
+            "PGSSLMODE=disable",
+            "psql",
+            "-h",
+            &format!("{CLUSTER}-rw"),
+            "-c",
+            "SELECT 1",
+        ],
+    )
+    .await;
+    match plain {
+        Err(e) => assert!(e.to_string().contains("no encryption"), "{e}"),
+        Ok(out) => panic!("a connection without TLS was accepted: {out}"),
+    }
+    assert_eq!(
+        psql(
+            ns,
+            "rw",
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()"
+        )
+        .await?,
+        "t"
+    );
+    assert_eq!(
+        psql(
+            ns,
+            "rw",
+            "SELECT bool_and(s.ssl) FROM pg_stat_replication r JOIN pg_stat_ssl s USING (pid)"
+        )
+        .await?,
+        "t",
+        "replication without TLS"
+    );
+
+    let started = psql(ns, "rw", "SELECT pg_postmaster_start_time()").await?;
+    let uids = pod_uids(ns).await?;
+    let secrets = ns.api::<Secret>();
+    let served_before = served_serial(ns).await?;
+    assert_eq!(served_before, secret_serial(ns, &secrets).await?);
+    secrets
+        .delete(&format!("{CLUSTER}-server"), &DeleteParams::default())
+        .await?;
+    let renewed = Instant::now();
+    let issued = wait::until(
+        "a new server certificate",
+        Duration::from_secs(30),
+        || async {
+            match secret_serial(ns, &secrets).await {
+                Ok(serial) if serial != served_before => Ok(Some(serial)),
+                Ok(_) => Err("the old certificate".to_owned()),
+                Err(e) => Err(e.to_string()),
+            }
+        },
+    )
+    .await?;
+    // The kubelet updates Secret volumes at its pod sync (about a minute).
+    wait::until(
+        "the new certificate served through -rw",
+        Duration::from_secs(180),
+        || async {
+            match served_serial(ns).await {
+                Ok(serial) if serial == issued => Ok(Some(())),
+                Ok(serial) => Err(format!("serving {serial}")),
+                Err(e) => Err(e.to_string()),
+            }
+        },
+    )
+    .await?;
+    eprintln!(
+        "new server certificate served {:.1} s after the Secret was deleted",
+        renewed.elapsed().as_secs_f64()
+    );
+    assert_eq!(
+        psql(ns, "rw", "SELECT pg_postmaster_start_time()").await?,
+        started
+    );
+    assert_eq!(pod_uids(ns).await?, uids, "no pod was replaced");
+    Ok(())
+}
+
+/// The serial number of the certificate `<cluster>-rw` serves, verified
+/// with the published CA (openssl in the client pod).
+async fn served_serial(ns: &TestNamespace) -> Result<String> {
+    let script = format!(
+        "openssl s_client -starttls postgres -connect {CLUSTER}-rw:5432 -verify_return_error \
+         -verify_hostname {CLUSTER}-rw -CAfile {} </dev/null 2>/dev/null | openssl x509 -noout -serial",
+        cairn_e2e::real::CLIENT_CA_FILE
+    );
+    Ok(cairn_e2e::real::exec(ns, &["sh", "-c", &script])
+        .await?
+        .trim()
+        .to_owned())
+}
+
+/// The serial number of the certificate in Secret `<cluster>-server`.
+async fn secret_serial(ns: &TestNamespace, secrets: &Api<Secret>) -> Result<String> {
+    let secret = secrets.get(&format!("{CLUSTER}-server")).await?;
+    let pem = secret
+        .data
+        .and_then(|d| {
+            d.get("tls.crt")
+                .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+        })
+        .unwrap_or_default();
+    let script = r#"printf '%s' "$1" | openssl x509 -noout -serial"#;
+    Ok(
+        cairn_e2e::real::exec(ns, &["sh", "-c", script, "serial", &pem])
+            .await?
+            .trim()
+            .to_owned(),
+    )
 }
 
 /// psql through Service `<cluster>-<service>`.

@@ -52,6 +52,9 @@ pub const PGDATA: &str = "/var/lib/postgresql/data/pgdata";
 pub const CONFIG_DIR: &str = "/etc/cairn/config";
 /// The credentials Secret, one file per key (the `*_KEY` constants).
 pub const CREDENTIALS_DIR: &str = "/etc/cairn/credentials";
+/// The server certificate Secret (`tls.crt`, `tls.key`, `ca.crt`): the
+/// certificate postgres serves, and the CA replicas verify their primary with.
+pub const TLS_DIR: &str = "/etc/cairn/tls";
 /// Outside a pod (process-level tests), the assigned role is read from a file.
 pub const ROLE_FILE: &str = "/etc/cairn/podinfo/role";
 /// Sockets and the instance's password file (an emptyDir).

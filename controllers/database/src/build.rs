@@ -135,6 +135,10 @@ pub struct Names {
     pub credentials: String,
     pub read_write: String,
     pub read_only: String,
+    /// Secret (with the key) and ConfigMap (without) of the cluster's CA.
+    pub ca: String,
+    /// Secret of the server certificate every instance serves.
+    pub server_tls: String,
 }
 
 impl Names {
@@ -145,6 +149,8 @@ impl Names {
             credentials: format!("{name}-credentials"),
             read_write: format!("{name}-rw"),
             read_only: format!("{name}-ro"),
+            ca: format!("{name}-ca"),
+            server_tls: format!("{name}-server"),
             cluster: name,
         }
     }
@@ -167,7 +173,7 @@ pub fn selector_string(cluster: &DatabaseCluster) -> String {
         .join(",")
 }
 
-fn metadata(cluster: &DatabaseCluster, name: &str, component: &str) -> ObjectMeta {
+pub(crate) fn metadata(cluster: &DatabaseCluster, name: &str, component: &str) -> ObjectMeta {
     ObjectMeta {
         name: Some(name.to_owned()),
         namespace: cluster.namespace(),
@@ -218,12 +224,17 @@ fn postgresql_conf(cluster: &DatabaseCluster) -> String {
     conf
 }
 
+/// TLS for every connection from outside the pod; over loopback (inside
+/// the pod: cairn-instance's own monitoring session) it is not needed.
 fn pg_hba_conf() -> String {
     format!(
         "# Written by cairn-database-controller.\n\
          local all all peer\n\
-         host replication {REPLICATION_USER} all scram-sha-256\n\
-         host all all all scram-sha-256\n"
+         host all all 127.0.0.1/32 scram-sha-256\n\
+         host all all ::1/128 scram-sha-256\n\
+         hostssl replication {REPLICATION_USER} all scram-sha-256\n\
+         hostssl all all all scram-sha-256\n\
+         hostnossl all all all reject\n"
     )
 }
 
@@ -639,6 +650,7 @@ fn instance_container(cluster: &DatabaseCluster) -> Container {
             mount("data", instance::DATA_MOUNT, false),
             mount("config", instance::CONFIG_DIR, true),
             mount("credentials", instance::CREDENTIALS_DIR, true),
+            mount("tls", instance::TLS_DIR, true),
             mount("run", instance::RUN_DIR, false),
             mount("tmp", "/tmp", false),
         ]),
@@ -665,6 +677,15 @@ fn volumes(names: &Names) -> Vec<Volume> {
             name: "credentials".to_owned(),
             secret: Some(SecretVolumeSource {
                 secret_name: Some(names.credentials.clone()),
+                default_mode: Some(0o400),
+                ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        },
+        Volume {
+            name: "tls".to_owned(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(names.server_tls.clone()),
                 default_mode: Some(0o400),
                 ..SecretVolumeSource::default()
             }),

@@ -15,6 +15,10 @@ pub enum Error {
     /// Something the cluster needs is not there yet; retried with backoff.
     #[error("waiting for {0}")]
     DependencyNotReady(String),
+    /// A certificate could not be made (a fault of this process, not of the
+    /// spec); retried with backoff.
+    #[error("making a certificate: {0}")]
+    Certificate(String),
 }
 
 impl Classify for Error {
@@ -23,6 +27,7 @@ impl Classify for Error {
             Self::Kube(_) => ErrorClass::Transient,
             Self::InvalidSpec(_) => ErrorClass::InvalidSpec,
             Self::DependencyNotReady(_) => ErrorClass::DependencyNotReady,
+            Self::Certificate(_) => ErrorClass::Transient,
         }
     }
 }

@@ -15,6 +15,7 @@ pub mod reconcile;
 pub mod rollout;
 pub mod status;
 pub mod switchover;
+pub mod tls;
 pub mod webhook;
 
 /// The API group this controller reconciles.

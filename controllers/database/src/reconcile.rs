@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use cairn_api::database::instance::{BOOTSTRAP_ANNOTATION, BOOTSTRAP_INITDB, FENCED_ANNOTATION};
 use cairn_api::database::v1::{
@@ -12,6 +12,7 @@ use cairn_api::database::v1::{
 };
 use cairn_api::validate;
 use cairn_runtime::apply::apply;
+use cairn_runtime::certs::{self, Authority};
 use cairn_runtime::conditions::Time;
 use cairn_runtime::events;
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -40,6 +41,7 @@ use crate::metrics::ClusterMetrics;
 use crate::rollout;
 use crate::status::{self, DEGRADED, Instances, PROGRESSING, READY, Switching};
 use crate::switchover::{self, SWITCHOVER_ANNOTATION, Step};
+use crate::tls;
 
 /// What every reconcile reads from and writes with.
 pub struct Context {
@@ -168,6 +170,7 @@ pub async fn reconcile(cluster: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Resu
         write_status(&ctx, &cluster, status::paused(&cluster, &now)).await?;
         return Ok(Action::await_change());
     }
+    let renew_at = ensure_tls(&ctx, &cluster).await?;
     let stateful_set = apply_children(&ctx, &cluster).await?;
     let members = members(&ctx, &cluster);
     let mut primary = primary(&cluster);
@@ -258,11 +261,12 @@ pub async fn reconcile(cluster: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Resu
     }
     write_status(&ctx, &cluster, observed).await?;
     // Heartbeats trigger reconciles; silence does not, hence the recheck.
-    Ok(if initialized {
-        Action::requeue(recheck)
+    let renew_in = tls::until(renew_at, SystemTime::now());
+    Ok(Action::requeue(if initialized {
+        recheck.min(renew_in)
     } else {
-        Action::await_change()
-    })
+        renew_in
+    }))
 }
 
 /// `bootstrap.fromBackup` cannot be honoured yet: running initdb instead
@@ -763,6 +767,99 @@ where
 
 /// Creates the credentials Secret once. It is never updated: the passwords
 /// are in use from the moment the first instance starts.
+/// The cluster's CA (made once), its server certificate (issued again when
+/// due) and the CA published for clients; returns when the server
+/// certificate is due for renewal.
+async fn ensure_tls(ctx: &Context, cluster: &DatabaseCluster) -> Result<SystemTime, Error> {
+    let names = Names::of(cluster);
+    let namespace = cluster.namespace().unwrap_or_default();
+    let cached = |name: &str| {
+        ctx.caches
+            .secrets
+            .get(&ObjectRef::new(name).within(&namespace))
+    };
+    let authority = match cached(&names.ca) {
+        Some(secret) => tls::authority_of(&secret).ok_or_else(|| {
+            Error::DependencyNotReady(format!(
+                "Secret {} to hold the cluster's CA (ca.crt and ca.key): delete it to make a new CA",
+                names.ca
+            ))
+        })?,
+        None => create_authority(ctx, cluster).await?,
+    };
+    let hosts = tls::server_hosts(cluster);
+    let server = cached(&names.server_tls);
+    let now = SystemTime::now();
+    let renew_at = match tls::renewal(server.as_deref(), &authority, &hosts, now) {
+        tls::Renewal::At(due) => due,
+        tls::Renewal::Now(why) => {
+            let issued = certs::issue(&authority, &hosts, tls::SERVER_VALIDITY)
+                .map_err(|e| Error::Certificate(e.to_string()))?;
+            let mut desired = tls::server_secret(cluster, &authority, &issued);
+            let api = Api::<Secret>::namespaced(ctx.client.clone(), &namespace);
+            match server {
+                // Replaced only as the cache saw it: a concurrent change wins.
+                Some(current) => {
+                    desired.metadata.resource_version = current.resource_version();
+                    api.replace(&names.server_tls, &PostParams::default(), &desired)
+                        .await?;
+                }
+                None => create_once(&api, &desired).await?,
+            }
+            publish(
+                ctx,
+                cluster,
+                EventType::Normal,
+                "IssuedServerCertificate",
+                format!("Issued a new server certificate ({why}); the instances reload it without a restart"),
+            )
+            .await;
+            now + (tls::SERVER_VALIDITY - tls::RENEW_BEFORE)
+        }
+    };
+    let published = tls::ca_config_map(cluster, &authority);
+    apply_child(ctx, cluster, &ctx.caches.config_maps, published).await?;
+    Ok(renew_at)
+}
+
+/// A new CA in Secret `<name>-ca`; the one already there if an earlier
+/// reconcile made it and the cache has not shown it yet.
+async fn create_authority(ctx: &Context, cluster: &DatabaseCluster) -> Result<Authority, Error> {
+    let name = Names::of(cluster).ca;
+    let common_name = format!(
+        "{}/{} CA",
+        cluster.namespace().unwrap_or_default(),
+        cluster.name_any()
+    );
+    let authority = certs::new_authority(&common_name, tls::CA_VALIDITY)
+        .map_err(|e| Error::Certificate(e.to_string()))?;
+    let api =
+        Api::<Secret>::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default());
+    match api
+        .create(&PostParams::default(), &tls::ca_secret(cluster, &authority))
+        .await
+    {
+        Ok(_) => Ok(authority),
+        Err(kube::Error::Api(status)) if status.code == 409 => {
+            let existing = api.get(&name).await?;
+            tls::authority_of(&existing).ok_or_else(|| {
+                Error::DependencyNotReady(format!("Secret {name} to hold the cluster's CA"))
+            })
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Creates `secret`; one that exists already (an earlier reconcile made it
+/// and the cache has not shown it yet) is left as it is.
+async fn create_once(api: &Api<Secret>, secret: &Secret) -> Result<(), Error> {
+    match api.create(&PostParams::default(), secret).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 async fn ensure_credentials(ctx: &Context, cluster: &DatabaseCluster) -> Result<(), Error> {
     let namespace = cluster.namespace().unwrap_or_default();
     let name = Names::of(cluster).credentials;
@@ -775,13 +872,7 @@ async fn ensure_credentials(ctx: &Context, cluster: &DatabaseCluster) -> Result<
         return Ok(());
     }
     let secret = build::credentials(cluster, &mut build::random_password);
-    let api = Api::<Secret>::namespaced(ctx.client.clone(), &namespace);
-    match api.create(&PostParams::default(), &secret).await {
-        Ok(_) => Ok(()),
-        // Created by an earlier reconcile the cache has not seen yet.
-        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+    create_once(&Api::namespaced(ctx.client.clone(), &namespace), &secret).await
 }
 
 /// Sets the role label on each instance pod where it differs, replicas

@@ -79,20 +79,24 @@ fn owned_by(meta: &kube::api::ObjectMeta, cluster: &DatabaseCluster) -> bool {
         .any(|o| Some(&o.uid) == cluster.meta().uid.as_ref() && o.controller == Some(true))
 }
 
-async fn passwords(
+async fn secret_data(
     namespace: &TestNamespace,
-    cluster: &str,
+    name: &str,
 ) -> Result<BTreeMap<String, Vec<u8>>, Error> {
-    let secret = namespace
-        .api::<Secret>()
-        .get(&format!("{cluster}-credentials"))
-        .await?;
+    let secret = namespace.api::<Secret>().get(name).await?;
     Ok(secret
         .data
         .unwrap_or_default()
         .into_iter()
         .map(|(k, v)| (k, v.0))
         .collect())
+}
+
+async fn passwords(
+    namespace: &TestNamespace,
+    cluster: &str,
+) -> Result<BTreeMap<String, Vec<u8>>, Error> {
+    secret_data(namespace, &format!("{cluster}-credentials")).await
 }
 
 #[tokio::test]
@@ -140,6 +144,17 @@ async fn a_cluster_is_created_scaled_grown_reconfigured_repaired_and_deleted() -
             .metadata,
         namespace.api::<Role>().get("orders").await?.metadata,
         namespace.api::<RoleBinding>().get("orders").await?.metadata,
+        namespace.api::<Secret>().get("orders-ca").await?.metadata,
+        namespace
+            .api::<Secret>()
+            .get("orders-server")
+            .await?
+            .metadata,
+        namespace
+            .api::<ConfigMap>()
+            .get("orders-ca")
+            .await?
+            .metadata,
     ];
     for child in &children {
         assert!(
@@ -354,6 +369,40 @@ async fn a_cluster_is_created_scaled_grown_reconfigured_repaired_and_deleted() -
     )
     .await?;
 
+    // A deleted server certificate is issued again, by the same CA that
+    // clients were given.
+    let ca_before = secret_data(&namespace, "orders-ca").await?;
+    let server_before = secret_data(&namespace, "orders-server").await?;
+    namespace
+        .api::<Secret>()
+        .delete("orders-server", &DeleteParams::default())
+        .await?;
+    let server_after = wait::until("orders-server issued again", drift, || async {
+        match secret_data(&namespace, "orders-server").await {
+            Ok(data) if data["tls.crt"] != server_before["tls.crt"] => Ok(Some(data)),
+            Ok(_) => Err("the old certificate".to_owned()),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await?;
+    assert_eq!(server_after["ca.crt"], ca_before["ca.crt"]);
+    assert_eq!(
+        secret_data(&namespace, "orders-ca").await?,
+        ca_before,
+        "the CA never changes"
+    );
+    let published = namespace.api::<ConfigMap>().get("orders-ca").await?;
+    assert_eq!(
+        published
+            .data
+            .unwrap_or_default()
+            .get("ca.crt")
+            .map(String::as_bytes),
+        Some(ca_before["ca.crt"].as_slice()),
+        "clients get the CA, and only the CA"
+    );
+    assert!(ca_before.contains_key("ca.key"));
+
     // The passwords survive reconciles and a controller restart.
     controller.terminate()?;
     controller.wait(Duration::from_secs(30)).await?;
@@ -436,7 +485,7 @@ async fn twenty_clusters_converge_through_a_restart_then_idle_without_writes() -
     assert_eq!(services.len(), 60);
     assert!(services.iter().all(|s| owned(&s.metadata)));
     let secrets = namespace.api::<Secret>().list(&selector).await?.items;
-    assert_eq!(secrets.len(), 20);
+    assert_eq!(secrets.len(), 60, "credentials, CA and server certificate");
     assert!(secrets.iter().all(|s| owned(&s.metadata)));
 
     // Two idle minutes: no write from the controller's account.

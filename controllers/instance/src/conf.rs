@@ -13,6 +13,9 @@ pub struct InstanceSettings<'a> {
     pub primary_conninfo: Option<String>,
     /// The replica's replication slot on its primary; `None` on a primary.
     pub primary_slot_name: Option<String>,
+    /// The certificate and key postgres serves (TLS is always on).
+    pub ssl_cert_file: &'a Path,
+    pub ssl_key_file: &'a Path,
 }
 
 /// `postgresql.conf` in the data folder: the controller's file, then the
@@ -37,6 +40,12 @@ pub fn postgresql_conf(controller_conf: &str, settings: &InstanceSettings) -> St
         &settings.socket_dir.display().to_string(),
     );
     set("hba_file", &settings.hba_file.display().to_string());
+    set("ssl", "on");
+    set(
+        "ssl_cert_file",
+        &settings.ssl_cert_file.display().to_string(),
+    );
+    set("ssl_key_file", &settings.ssl_key_file.display().to_string());
     set(
         "primary_conninfo",
         settings.primary_conninfo.as_deref().unwrap_or(""),
@@ -62,20 +71,26 @@ pub fn slot_name(pod: &str) -> String {
 
 /// A libpq connection string to the primary; the password comes from a
 /// password file, so it is in no configuration file and no process list.
+/// `tls`: how the primary's certificate is verified.
 pub fn primary_conninfo(
     host: &str,
     port: u16,
     user: &str,
     passfile: &Path,
     application_name: &str,
+    tls: &[(&str, String)],
 ) -> String {
-    conninfo(&[
+    let port = port.to_string();
+    let passfile = passfile.display().to_string();
+    let mut pairs = vec![
         ("host", host),
-        ("port", &port.to_string()),
+        ("port", &port),
         ("user", user),
-        ("passfile", &passfile.display().to_string()),
+        ("passfile", &passfile),
         ("application_name", application_name),
-    ])
+    ];
+    pairs.extend(tls.iter().map(|(key, value)| (*key, value.as_str())));
+    conninfo(&pairs)
 }
 
 /// A libpq connection string from keys and values.
@@ -123,6 +138,8 @@ mod tests {
             hba_file: Path::new("/etc/cairn/config/pg_hba.conf"),
             primary_conninfo,
             primary_slot_name: None,
+            ssl_cert_file: Path::new("/run/pg/tls/tls.crt"),
+            ssl_key_file: Path::new("/run/pg/tls/tls.key"),
         }
     }
 
@@ -133,20 +150,25 @@ mod tests {
         assert_eq!(port_lines, ["port = 5432", "port = '5433'"]);
         assert!(conf.contains("work_mem = '4MB'\n"));
         assert!(conf.contains("primary_conninfo = ''\n"));
+        assert!(conf.contains("ssl = 'on'\nssl_cert_file = '/run/pg/tls/tls.crt'\n"));
     }
 
     #[test]
-    fn a_replica_streams_with_a_password_file() {
+    fn a_replica_streams_with_a_password_file_and_verifies_its_primary() {
         let info = primary_conninfo(
             "orders-rw",
             5432,
             "streaming_replica",
             Path::new("/run/pg/pgpass"),
             "orders-1",
+            &[
+                ("sslmode", "verify-full".to_owned()),
+                ("sslrootcert", "/run/pg/tls/ca.crt".to_owned()),
+            ],
         );
         assert_eq!(
             info,
-            "host=orders-rw port=5432 user=streaming_replica passfile=/run/pg/pgpass application_name=orders-1"
+            "host=orders-rw port=5432 user=streaming_replica passfile=/run/pg/pgpass application_name=orders-1 sslmode=verify-full sslrootcert=/run/pg/tls/ca.crt"
         );
         let conf = postgresql_conf("", &settings(Some(info)));
         assert!(conf.contains("primary_conninfo = 'host=orders-rw port=5432"));

@@ -25,6 +25,9 @@ pub struct Config {
     /// The credentials Secret, one file per key.
     #[arg(long, env = "CAIRN_CREDENTIALS_DIR", default_value = contract::CREDENTIALS_DIR)]
     pub credentials_dir: PathBuf,
+    /// The server certificate Secret: `tls.crt`, `tls.key`, `ca.crt`.
+    #[arg(long, env = "CAIRN_TLS_DIR", default_value = contract::TLS_DIR)]
+    pub tls_dir: PathBuf,
     /// The assigned role (`primary` or `replica`) outside a pod.
     #[arg(long, env = "CAIRN_ROLE_FILE", default_value = contract::ROLE_FILE)]
     pub role_file: PathBuf,

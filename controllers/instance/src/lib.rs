@@ -7,6 +7,7 @@
 pub mod children;
 pub mod conf;
 pub mod config;
+pub mod files;
 pub mod membership;
 pub mod metrics;
 pub mod observe;
@@ -14,3 +15,4 @@ pub mod scram;
 pub mod server;
 pub mod state;
 pub mod supervisor;
+pub mod tls;

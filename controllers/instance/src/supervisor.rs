@@ -16,10 +16,12 @@ use tokio_postgres::error::SqlState;
 use crate::children::{Child, Children, Signaller};
 use crate::conf;
 use crate::config::Config;
+use crate::files::{sync_parent, write_atomically};
 use crate::membership::{Assignment, Heartbeat};
 use crate::observe::{self, Limits, Role};
 use crate::scram;
 use crate::state::{Phase, State};
+use crate::tls::Tls;
 
 /// The longest a query of this process may take (also its statement_timeout).
 const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -88,6 +90,7 @@ enum Stuck {
 
 pub struct Supervisor {
     config: Config,
+    tls: Tls,
     children: Children,
     state: Arc<State>,
     assignment: tokio::sync::watch::Receiver<Assignment>,
@@ -103,6 +106,7 @@ impl Supervisor {
         heartbeat: Arc<Heartbeat>,
     ) -> Self {
         Self {
+            tls: Tls::new(&config.tls_dir, &config.run_dir),
             config,
             children,
             state,
@@ -248,6 +252,7 @@ impl Supervisor {
         let data = &self.config.data_dir;
         std::fs::create_dir_all(&self.config.run_dir)
             .map_err(|e| format!("run folder {}: {e}", self.config.run_dir.display()))?;
+        self.tls.install(&self.tls.read()?)?;
         if role == Role::Replica {
             self.write_passwords()?;
         }
@@ -347,14 +352,19 @@ impl Supervisor {
     /// backup (needs wal_log_hints or checksums: the controller sets the first,
     /// initdb here the second). Writes nothing if no rewind is needed.
     async fn rewind(&self, host: &str) -> Result<(), String> {
-        let source = conf::conninfo(&[
+        let port = self.config.primary_port.to_string();
+        let passfile = self.passfile().display().to_string();
+        let tls = self.tls.client_settings();
+        let mut pairs = vec![
             ("host", host),
-            ("port", &self.config.primary_port.to_string()),
+            ("port", &port),
             ("user", "postgres"),
             ("dbname", "postgres"),
-            ("passfile", &self.passfile().display().to_string()),
+            ("passfile", &passfile),
             ("connect_timeout", "10"),
-        ]);
+        ];
+        pairs.extend(tls.iter().map(|(key, value)| (*key, value.as_str())));
+        let source = conf::conninfo(&pairs);
         tracing::info!(%host, "the folder was a primary's: rewinding it to follow the current primary (pg_rewind)");
         self.state.phase(Phase::Rewinding);
         // pg_rewind first recovers a folder that was not shut down cleanly,
@@ -591,7 +601,8 @@ impl Supervisor {
         let (client, connection) = self
             .superuser(&host, self.config.primary_port)?
             .connect_timeout(PRIMARY_TIMEOUT)
-            .connect(tokio_postgres::NoTls)
+            .ssl_mode(tokio_postgres::config::SslMode::Require)
+            .connect(self.tls.connector()?)
             .await
             .map_err(|e| format!("cannot reach the primary {host}: {e}"))?;
         tokio::spawn(connection);
@@ -687,7 +698,11 @@ impl Supervisor {
             .args(["--username", &user, "--no-password"])
             .args(["--wal-method=stream", "--checkpoint=fast"])
             .env("PGPASSFILE", self.passfile())
-            .env("PGCONNECT_TIMEOUT", "10");
+            .env("PGCONNECT_TIMEOUT", "10")
+            .envs(self.tls.client_settings().map(|(key, value)| match key {
+                "sslmode" => ("PGSSLMODE", value),
+                _ => ("PGSSLROOTCERT", value),
+            }));
         self.run_in(&mut basebackup, target, "pg_basebackup").await
     }
 
@@ -740,6 +755,7 @@ impl Supervisor {
                 &self.credential(contract::REPLICATION_USER_KEY)?,
                 &self.passfile(),
                 self.config.pod_name.as_deref().unwrap_or("cairn-instance"),
+                &self.tls.client_settings(),
             )),
         };
         let hba_file = self.config.config_dir.join("pg_hba.conf");
@@ -753,6 +769,8 @@ impl Supervisor {
                 hba_file: &hba_file,
                 primary_conninfo,
                 primary_slot_name,
+                ssl_cert_file: &self.tls.cert_file(),
+                ssl_key_file: &self.tls.key_file(),
             },
         );
         write_atomically(&self.config.data_dir.join("postgresql.conf"), &text, 0o600)
@@ -838,6 +856,7 @@ impl Supervisor {
         };
         let mut session: Option<observe::Session> = None;
         let mut config_seen = self.config_files();
+        let mut tls_seen = self.tls.read().ok();
         let mut credentials_seen = self.credentials();
         let mut assigned = started_as;
         // Roles created (readiness needs them) and roles up to date with the
@@ -882,6 +901,21 @@ impl Supervisor {
                         postgres.signal(Signal::SIGHUP);
                         tracing::info!("configuration changed: postgres reloaded");
                         config_seen = config_now;
+                    }
+                    Err(message) => self.state.error(message),
+                }
+            }
+            let tls_now = self.tls.read().ok();
+            if tls_now != tls_seen
+                && let Some(files) = &tls_now
+            {
+                // A renewed certificate: postgres reloads its TLS files, and
+                // sessions from now on get the new one; none is cut.
+                match self.tls.install(files) {
+                    Ok(()) => {
+                        postgres.signal(Signal::SIGHUP);
+                        tracing::info!("server certificate changed: postgres reloaded");
+                        tls_seen = tls_now;
                     }
                     Err(message) => self.state.error(message),
                 }
@@ -1328,36 +1362,6 @@ fn remove_stale_pid_file(data: &Path) {
     if !running {
         tracing::info!(pid, "removing a stale postmaster.pid");
         let _ = std::fs::remove_file(&path);
-    }
-}
-
-/// Writes a file readable by no one else from its first byte (it may hold
-/// passwords), then moves it into place.
-fn write_atomically(path: &Path, text: &str, mode: u32) -> Result<(), String> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let temporary = path.with_extension("cairn-tmp");
-    let _ = std::fs::remove_file(&temporary);
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(&temporary)
-        .and_then(|mut file| {
-            file.write_all(text.as_bytes())?;
-            file.sync_all()
-        })
-        .and_then(|()| std::fs::rename(&temporary, path))
-        .and_then(|()| sync_parent(path))
-        .map_err(|e| format!("writing {}: {e}", path.display()))
-}
-
-/// Makes a rename or a new entry in `path`'s folder durable.
-fn sync_parent(path: &Path) -> std::io::Result<()> {
-    match path.parent() {
-        Some(parent) if parent.as_os_str().is_empty() => std::fs::File::open(".")?.sync_all(),
-        Some(parent) => std::fs::File::open(parent)?.sync_all(),
-        None => Ok(()),
     }
 }
 

@@ -692,3 +692,84 @@ async fn rotated_passwords_take_effect_without_a_restart() -> Result {
     assert!(!log.contains("SCRAM-SHA-256$"), "a verifier in the log");
     fixture.passed()
 }
+
+/// Replication runs over TLS, the replica verifying the primary's
+/// certificate against the cluster's CA; a certificate from a new CA (a
+/// renewal as the kubelet delivers it) is served without a restart.
+#[tokio::test]
+async fn replication_is_encrypted_and_a_new_certificate_is_served_without_a_restart() -> Result {
+    let mut fixture = Fixture::new("tls", &[])?;
+    let primary = fixture.start(&fixture.instance("orders-0", "primary")?)?;
+    primary.wait_ready(Duration::from_secs(60)).await?;
+    let replica = fixture.start(&fixture.instance("orders-1", "replica")?.following(&primary))?;
+    replica.wait_ready(Duration::from_secs(60)).await?;
+    let encrypted: bool = primary
+        .sql()
+        .await?
+        .query_one(
+            "SELECT bool_and(s.ssl) FROM pg_stat_replication r JOIN pg_stat_ssl s USING (pid)",
+            &[],
+        )
+        .await?
+        .get(0);
+    assert!(encrypted, "the replica streams without TLS");
+    let conninfo = replica.show("primary_conninfo").await?;
+    assert!(conninfo.contains("sslmode=verify-full"), "{conninfo}");
+
+    let old_ca = fixture.ca.clone();
+    primary.sql_verifying(&old_ca).await?;
+    let started: String = primary
+        .sql()
+        .await?
+        .query_one("SELECT pg_postmaster_start_time()::text", &[])
+        .await?
+        .get(0);
+    let changed = Instant::now();
+    fixture.issue_certificate()?;
+    while primary.sql_verifying(&fixture.ca).await.is_err() {
+        assert!(
+            changed.elapsed() < Duration::from_secs(10),
+            "the new certificate is not served: {}",
+            primary.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!(
+        "new certificate served {} ms after the Secret changed",
+        changed.elapsed().as_millis()
+    );
+    assert!(
+        primary.sql_verifying(&old_ca).await.is_err(),
+        "the old certificate is still served"
+    );
+    let after: String = primary
+        .sql()
+        .await?
+        .query_one("SELECT pg_postmaster_start_time()::text", &[])
+        .await?
+        .get(0);
+    assert_eq!(started, after, "postgres restarted");
+
+    // The replica trusts the new CA too: a new replication connection works.
+    let superuser = primary.sql().await?;
+    let before: i32 = superuser
+        .query_one("SELECT pid FROM pg_stat_replication", &[])
+        .await?
+        .get(0);
+    superuser
+        .execute("SELECT pg_terminate_backend($1)", &[&before])
+        .await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while superuser
+        .query(
+            "SELECT pid FROM pg_stat_replication WHERE state = 'streaming' AND pid <> $1",
+            &[&before],
+        )
+        .await?
+        .is_empty()
+    {
+        assert!(Instant::now() < deadline, "{}", replica.log_text());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    fixture.passed()
+}

@@ -1,22 +1,31 @@
-//! Self-managed webhook certificates, for installs without cert-manager: a CA
-//! and a serving certificate kept in a Secret (every replica uses the same
-//! pair; the first to start creates it), and the CA written into the CRDs'
-//! conversion `caBundle`.
+//! Certificates a controller makes itself, for installs without
+//! cert-manager: certificate authorities, the serving certificates they sign
+//! (and when those expire), and the webhook's pair kept in a Secret (every
+//! replica uses the same pair; the first to start creates it), its CA written
+//! into the CRDs' conversion `caBundle`.
 
 use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, SanType};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, SanType,
+};
 use serde_json::json;
 
-/// Keys of the Secret, as cert-manager names them.
-const CA_KEY: &str = "ca.crt";
-const CERT_KEY: &str = "tls.crt";
-const KEY_KEY: &str = "tls.key";
+/// Keys of a TLS Secret, as cert-manager names them.
+pub const CA_KEY: &str = "ca.crt";
+pub const CERT_KEY: &str = "tls.crt";
+pub const KEY_KEY: &str = "tls.key";
+
+/// How long the webhook's self-made certificates are valid: they are made
+/// once and not renewed (deleting the Secret makes new ones).
+const WEBHOOK_VALIDITY: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
 /// A serving certificate and the CA that signed it, in PEM.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,30 +108,144 @@ fn read(secret: &Secret) -> Option<WebhookCerts> {
 
 /// A new CA and a certificate it signed for `hosts`.
 pub fn generate(hosts: &[&str]) -> Result<WebhookCerts, rcgen::Error> {
-    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
+    let ca = new_authority("cairn-webhook-ca", WEBHOOK_VALIDITY)?;
+    let hosts: Vec<String> = hosts.iter().map(|h| (*h).to_owned()).collect();
+    let issued = issue(&ca, &hosts, WEBHOOK_VALIDITY)?;
+    Ok(WebhookCerts {
+        ca: ca.cert,
+        cert: issued.cert,
+        key: issued.key,
+    })
+}
+
+/// A certificate authority: its certificate and private key, in PEM.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Authority {
+    pub cert: String,
+    pub key: String,
+}
+
+impl std::fmt::Debug for Authority {
+    // The key never reaches a log.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Authority").finish_non_exhaustive()
+    }
+}
+
+/// A certificate and its private key, in PEM.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Issued {
+    pub cert: String,
+    pub key: String,
+}
+
+impl std::fmt::Debug for Issued {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Issued").finish_non_exhaustive()
+    }
+}
+
+/// A new self-signed certificate authority, valid from now for `valid_for`.
+pub fn new_authority(common_name: &str, valid_for: Duration) -> Result<Authority, rcgen::Error> {
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    params
         .distinguished_name
-        .push(DnType::CommonName, "cairn-webhook-ca");
-    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
+        .push(DnType::CommonName, common_name);
+    set_validity(&mut params, valid_for);
+    let key = KeyPair::generate()?;
+    let ca = CertifiedIssuer::self_signed(params, key)?;
+    Ok(Authority {
+        cert: ca.pem(),
+        key: ca.key().serialize_pem(),
+    })
+}
+
+/// A serving certificate for `hosts` (DNS names or IP addresses; the first
+/// is its common name) signed by `authority`, valid from now for `valid_for`.
+pub fn issue(
+    authority: &Authority,
+    hosts: &[String],
+    valid_for: Duration,
+) -> Result<Issued, rcgen::Error> {
+    let issuer = Issuer::from_ca_cert_pem(&authority.cert, KeyPair::from_pem(&authority.key)?)?;
     let mut params = CertificateParams::new(Vec::<String>::new())?;
     params.distinguished_name.push(
         DnType::CommonName,
-        hosts.first().copied().unwrap_or("cairn-webhook"),
+        hosts.first().map_or("cairn", String::as_str),
     );
     for host in hosts {
         params.subject_alt_names.push(match host.parse() {
             Ok(ip) => SanType::IpAddress(ip),
-            Err(_) => SanType::DnsName((*host).try_into()?),
+            Err(_) => SanType::DnsName(host.as_str().try_into()?),
         });
     }
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    params.use_authority_key_identifier_extension = true;
+    set_validity(&mut params, valid_for);
     let key = KeyPair::generate()?;
-    let cert = params.signed_by(&key, &ca)?;
-    Ok(WebhookCerts {
-        ca: ca.pem(),
+    let cert = params.signed_by(&key, &issuer)?;
+    Ok(Issued {
         cert: cert.pem(),
         key: key.serialize_pem(),
     })
+}
+
+/// Valid from a minute ago (clocks of other machines may lag) for `valid_for`.
+fn set_validity(params: &mut CertificateParams, valid_for: Duration) {
+    let now = time::OffsetDateTime::now_utc();
+    params.not_before = now - time::Duration::minutes(1);
+    params.not_after = now + valid_for;
+}
+
+/// What a PEM certificate says of itself: until when it is valid and the
+/// host names and addresses it is valid for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Validity {
+    pub not_after: SystemTime,
+    pub hosts: Vec<String>,
+}
+
+/// The validity of the first certificate in `pem`; `None` if it is not one.
+pub fn validity(pem: &str) -> Option<Validity> {
+    use x509_parser::extensions::GeneralName;
+    let (_, pem) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).ok()?;
+    let cert = pem.parse_x509().ok()?;
+    let not_after = u64::try_from(cert.validity().not_after.timestamp()).ok()?;
+    let hosts = cert
+        .subject_alternative_name()
+        .ok()
+        .flatten()
+        .map(|san| {
+            san.value
+                .general_names
+                .iter()
+                .filter_map(|name| match name {
+                    GeneralName::DNSName(dns) => Some((*dns).to_owned()),
+                    GeneralName::IPAddress(bytes) => ip_text(bytes),
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Some(Validity {
+        not_after: SystemTime::UNIX_EPOCH + Duration::from_secs(not_after),
+        hosts,
+    })
+}
+
+fn ip_text(bytes: &[u8]) -> Option<String> {
+    let ip: std::net::IpAddr = match bytes.len() {
+        4 => <[u8; 4]>::try_from(bytes).ok()?.into(),
+        16 => <[u8; 16]>::try_from(bytes).ok()?.into(),
+        _ => return None,
+    };
+    Some(ip.to_string())
 }
 
 /// Writes `ca` into the conversion webhook `caBundle` of each CRD in
@@ -169,5 +292,26 @@ mod tests {
         assert!(a.ca.starts_with("-----BEGIN CERTIFICATE-----"));
         assert!(a.key.contains("PRIVATE KEY"));
         assert_ne!(a.ca, b.ca);
+    }
+
+    #[test]
+    fn an_issued_certificate_says_its_hosts_and_expiry() {
+        let day = Duration::from_secs(24 * 3600);
+        let ca = new_authority("test-ca", 10 * day).expect("authority");
+        let hosts = vec!["orders-rw".to_owned(), "127.0.0.1".to_owned()];
+        let issued = issue(&ca, &hosts, day).expect("issued");
+        let read = validity(&issued.cert).expect("parses");
+        assert_eq!(read.hosts, hosts);
+        let left = read
+            .not_after
+            .duration_since(SystemTime::now())
+            .expect("in the future");
+        assert!(
+            left > day - Duration::from_secs(60) && left <= day,
+            "{left:?}"
+        );
+        assert!(validity(&ca.cert).is_some_and(|v| v.hosts.is_empty()));
+        assert_eq!(validity("not a certificate"), None);
+        assert!(!format!("{ca:?}{issued:?}").contains("PRIVATE"));
     }
 }

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use cairn_api::database::v1::DatabaseCluster;
 use cairn_database_controller::build;
+use cairn_runtime::certs;
 use cairn_testing::process::{free_address, http_get};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -59,6 +60,10 @@ pub struct Fixture {
     pub config_dir: PathBuf,
     pub credentials_dir: PathBuf,
     pub credentials: BTreeMap<String, String>,
+    /// The server certificate Secret's files, for `127.0.0.1` and `localhost`.
+    pub tls_dir: PathBuf,
+    /// The CA that signed the certificate in `tls_dir`.
+    pub ca: String,
     binary: PathBuf,
     user: Option<(u32, u32)>,
     passed: bool,
@@ -84,6 +89,8 @@ impl Fixture {
             config_dir: root.join("config"),
             credentials_dir: root.join("credentials"),
             credentials: BTreeMap::new(),
+            tls_dir: root.join("tls"),
+            ca: String::new(),
             root,
             binary,
             user,
@@ -99,8 +106,31 @@ impl Fixture {
             std::fs::write(fixture.config_dir.join(name), text)?;
         }
         fixture.write_credentials(&fixture.credentials_dir, &fixture.credentials)?;
+        fixture.issue_certificate()?;
         fixture.own(&fixture.root)?;
         Ok(fixture)
+    }
+
+    /// A new CA and a server certificate it signed, written the way the
+    /// kubelet updates a Secret volume (each file replaced by a rename).
+    pub fn issue_certificate(&mut self) -> Result {
+        const YEAR: Duration = Duration::from_secs(365 * 24 * 3600);
+        let ca = certs::new_authority("cairn-instance tests", YEAR)?;
+        let hosts = ["127.0.0.1".to_owned(), "localhost".to_owned()];
+        let issued = certs::issue(&ca, &hosts, YEAR)?;
+        std::fs::create_dir_all(&self.tls_dir)?;
+        for (name, text) in [
+            (certs::CA_KEY, &ca.cert),
+            (certs::CERT_KEY, &issued.cert),
+            (certs::KEY_KEY, &issued.key),
+        ] {
+            let temporary = self.tls_dir.join(format!(".{name}.new"));
+            std::fs::write(&temporary, text)?;
+            std::fs::set_permissions(&temporary, std::fs::Permissions::from_mode(0o400))?;
+            std::fs::rename(&temporary, self.tls_dir.join(name))?;
+        }
+        self.ca = ca.cert;
+        self.own(&self.tls_dir)
     }
 
     /// Writes a credentials folder (mode 0400 files, as the Secret volume).
@@ -186,6 +216,7 @@ impl Fixture {
             .env("PGDATA", spec.data_dir())
             .env("CAIRN_CONFIG_DIR", &self.config_dir)
             .env("CAIRN_CREDENTIALS_DIR", &spec.credentials_dir)
+            .env("CAIRN_TLS_DIR", &self.tls_dir)
             .env("CAIRN_ROLE_FILE", spec.dir.join("podinfo").join("role"))
             .env("CAIRN_RUN_DIR", spec.dir.join("run"))
             .env("CAIRN_POSTGRES_BINDIR", postgres_bindir())
@@ -390,6 +421,25 @@ impl Instance {
             .dbname(database)
             .connect_timeout(Duration::from_secs(5))
             .connect(tokio_postgres::NoTls)
+            .await?;
+        tokio::spawn(connection);
+        Ok(client)
+    }
+
+    /// A superuser session over TLS that trusts only `ca` (PEM).
+    pub async fn sql_verifying(&self, ca: &str) -> Result<tokio_postgres::Client> {
+        let ca_file = self.spec.dir.join(format!("ca-{}.crt", now_millis()));
+        std::fs::write(&ca_file, ca)?;
+        let connector = cairn_instance::tls::verifying(&ca_file)?;
+        let (client, connection) = tokio_postgres::Config::new()
+            .host("localhost")
+            .port(self.spec.port)
+            .user("postgres")
+            .password(&self.credentials["superuser-password"])
+            .dbname("postgres")
+            .ssl_mode(tokio_postgres::config::SslMode::Require)
+            .connect_timeout(Duration::from_secs(5))
+            .connect(connector)
             .await?;
         tokio::spawn(connection);
         Ok(client)
