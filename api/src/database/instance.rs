@@ -48,8 +48,11 @@ pub const INSTANCE_METRICS_PORT: u16 = 9187;
 /// the volume's root, which may hold `lost+found`, is never the data folder).
 pub const DATA_MOUNT: &str = "/var/lib/postgresql/data";
 pub const PGDATA: &str = "/var/lib/postgresql/data/pgdata";
-/// The ConfigMap: `postgresql.conf` and `pg_hba.conf`.
+/// The ConfigMap: `postgresql.conf`, `pg_hba.conf` and [`MEMBERS_FILE`].
 pub const CONFIG_DIR: &str = "/etc/cairn/config";
+/// The ConfigMap's list of the cluster's pods, one per line: the primary
+/// drops the replication slots of pods no longer in it.
+pub const MEMBERS_FILE: &str = "members";
 /// The credentials Secret, one file per key (the `*_KEY` constants).
 pub const CREDENTIALS_DIR: &str = "/etc/cairn/credentials";
 /// The server certificate Secret (`tls.crt`, `tls.key`, `ca.crt`): the

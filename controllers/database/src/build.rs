@@ -202,6 +202,7 @@ pub fn config_map(cluster: &DatabaseCluster) -> ConfigMap {
         data: Some(BTreeMap::from([
             ("postgresql.conf".to_owned(), postgresql_conf(cluster)),
             ("pg_hba.conf".to_owned(), pg_hba_conf()),
+            (instance::MEMBERS_FILE.to_owned(), members_file(cluster)),
         ])),
         ..ConfigMap::default()
     }
@@ -222,6 +223,14 @@ fn postgresql_conf(cluster: &DatabaseCluster) -> String {
         let _ = writeln!(conf, "{name} = '{}'", value.replace('\'', "''"));
     }
     conf
+}
+
+/// The pods the cluster keeps, one per line.
+fn members_file(cluster: &DatabaseCluster) -> String {
+    pod_names(cluster)
+        .iter()
+        .map(|pod| format!("{pod}\n"))
+        .collect()
 }
 
 /// TLS for every connection from outside the pod; over loopback (inside
@@ -812,8 +821,17 @@ mod tests {
         });
         assert_eq!(kept_instances(&cluster), 3);
         assert_eq!(pod_names(&cluster), ["orders-0", "orders-1", "orders-2"]);
+        let members = |cluster: &DatabaseCluster| {
+            config_map(cluster).data.expect("data")[instance::MEMBERS_FILE].clone()
+        };
+        assert_eq!(members(&cluster), "orders-0\norders-1\norders-2\n");
         cluster.status = None;
         assert_eq!(kept_instances(&cluster), 2);
+        assert_eq!(
+            members(&cluster),
+            "orders-0\norders-1\n",
+            "orders-2's slot may go"
+        );
     }
 
     #[test]

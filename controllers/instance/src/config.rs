@@ -71,6 +71,11 @@ pub struct Config {
     /// A primary that renewed no heartbeat for this long stops taking writes.
     #[arg(long, env = contract::FENCE_SECONDS_ENV, default_value_t = 5)]
     pub fence_seconds: u64,
+    /// A primary drops the replication slot of a pod no longer in the
+    /// cluster's members once it has been unused this long (the kubelet may
+    /// deliver a scale-up's new members list after the new pod's slot).
+    #[arg(long, env = "CAIRN_SLOT_GRACE_SECONDS", default_value_t = 300)]
+    pub slot_grace_seconds: u64,
     /// A replica further behind its primary than this is not ready.
     #[arg(long, env = "CAIRN_MAX_LAG_BYTES", default_value_t = 16 * 1024 * 1024)]
     pub max_lag_bytes: u64,

@@ -510,6 +510,48 @@ impl Supervisor {
         Ok(())
     }
 
+    /// On the primary: drops the slot of each pod the cluster no longer has
+    /// (a scale-down), once it has been unused for the grace period, so it
+    /// stops holding WAL. Slots other tools made (other names) are not
+    /// touched. Best effort: a failure is logged and tried again later.
+    async fn drop_slots_of_removed_pods(&self, client: &Client, leaving: &mut LeavingSlots) {
+        let (Some(cluster), Some(members)) = (&self.config.cluster, self.members()) else {
+            return;
+        };
+        let prefix = conf::slot_name(&format!("{cluster}-"));
+        let unused = match client
+            .query(
+                "SELECT slot_name::text FROM pg_replication_slots
+                 WHERE slot_type = 'physical' AND NOT active AND starts_with(slot_name::text, $1)",
+                &[&prefix],
+            )
+            .await
+        {
+            Ok(rows) => rows.iter().map(|row| row.get::<_, String>(0)).collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list the replication slots");
+                return;
+            }
+        };
+        let kept: Vec<String> = members.iter().map(|pod| conf::slot_name(pod)).collect();
+        let grace = Duration::from_secs(self.config.slot_grace_seconds);
+        for slot in leaving.due(&prefix, unused, &kept, grace) {
+            match client
+                .execute(
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+                     WHERE slot_name = $1 AND NOT active",
+                    &[&slot],
+                )
+                .await
+            {
+                Ok(_) => {
+                    tracing::info!(%slot, "dropped the replication slot of a pod the cluster no longer has")
+                }
+                Err(e) => tracing::warn!(%slot, error = %e, "cannot drop a replication slot"),
+            }
+        }
+    }
+
     /// Why this replica, not streaming, must restart, if it must: its slot
     /// was invalidated, or (after `STUCK_AFTER`, the primary answering) its
     /// history forked off the primary's, or its WAL receiver is stuck.
@@ -867,6 +909,7 @@ impl Supervisor {
         let mut last_streaming: Option<Instant> = None;
         let started = Instant::now();
         let mut pending_logged: Vec<String> = Vec::new();
+        let mut leaving_slots = LeavingSlots::default();
         let mut tick: u64 = 0;
         loop {
             tick += 1;
@@ -973,6 +1016,10 @@ impl Supervisor {
                 (Role::Primary, false) if !roles_current => {
                     roles_current = self.ensure_roles(&connection.client).await;
                     roles_ready |= roles_current;
+                }
+                (Role::Primary, false) if tick.is_multiple_of(10) => {
+                    self.drop_slots_of_removed_pods(&connection.client, &mut leaving_slots)
+                        .await;
                 }
                 _ => {}
             }
@@ -1219,6 +1266,19 @@ impl Supervisor {
         .collect()
     }
 
+    /// The cluster's pods as the controller lists them; `None` without the file.
+    fn members(&self) -> Option<Vec<String>> {
+        let text =
+            std::fs::read_to_string(self.config.config_dir.join(contract::MEMBERS_FILE)).ok()?;
+        Some(
+            text.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(str::to_owned)
+                .collect(),
+        )
+    }
+
     fn config_files(&self) -> Option<(String, String)> {
         let read = |name: &str| std::fs::read_to_string(self.config.config_dir.join(name)).ok();
         Some((read("postgresql.conf")?, read("pg_hba.conf")?))
@@ -1238,6 +1298,38 @@ impl Supervisor {
 
     fn passfile(&self) -> PathBuf {
         self.config.run_dir.join("pgpass")
+    }
+}
+
+/// Unused slots of pods no longer in the cluster, and since when each has
+/// been seen so.
+#[derive(Default)]
+struct LeavingSlots(std::collections::HashMap<String, Instant>);
+
+impl LeavingSlots {
+    /// Of the `unused` slots, those named `<prefix><ordinal>` for a pod not
+    /// in `kept` that have been seen so for `grace`; forgets the others.
+    fn due(
+        &mut self,
+        prefix: &str,
+        unused: Vec<String>,
+        kept: &[String],
+        grace: Duration,
+    ) -> Vec<String> {
+        let leaving: Vec<String> = unused
+            .into_iter()
+            .filter(|slot| {
+                slot.strip_prefix(prefix)
+                    .is_some_and(|o| !o.is_empty() && o.bytes().all(|b| b.is_ascii_digit()))
+                    && !kept.contains(slot)
+            })
+            .collect();
+        self.0.retain(|slot, _| leaving.contains(slot));
+        let now = Instant::now();
+        leaving
+            .into_iter()
+            .filter(|slot| now.duration_since(*self.0.entry(slot.clone()).or_insert(now)) >= grace)
+            .collect()
     }
 }
 
@@ -1512,6 +1604,24 @@ mod tests {
             forked(history, 4, 0x100).as_deref(),
             Some("timeline 4 is not in its history")
         );
+    }
+
+    #[test]
+    fn only_unused_slots_of_removed_pods_are_dropped_after_the_grace() {
+        let mut leaving = LeavingSlots::default();
+        let kept = ["orders_0".to_owned(), "orders_1".to_owned()];
+        let unused = || {
+            ["orders_1", "orders_3", "orders_extra", "other_4", "orders_"]
+                .map(str::to_owned)
+                .to_vec()
+        };
+        let grace = Duration::from_millis(50);
+        assert!(leaving.due("orders_", unused(), &kept, grace).is_empty());
+        std::thread::sleep(grace);
+        assert_eq!(leaving.due("orders_", unused(), &kept, grace), ["orders_3"]);
+        // Seen in use again (or back in the members): the wait starts over.
+        assert!(leaving.due("orders_", vec![], &kept, grace).is_empty());
+        assert!(leaving.due("orders_", unused(), &kept, grace).is_empty());
     }
 
     #[test]

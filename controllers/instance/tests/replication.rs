@@ -773,3 +773,53 @@ async fn replication_is_encrypted_and_a_new_certificate_is_served_without_a_rest
     }
     fixture.passed()
 }
+
+/// After a scale-down, the primary drops the slot of a pod the cluster no
+/// longer lists (once unused for the grace period), so it stops holding
+/// WAL; the slots of members, in use or not, and other tools' slots stay.
+#[tokio::test]
+async fn the_primary_drops_the_slots_of_removed_pods_only() -> Result {
+    let mut fixture = Fixture::new("slots", &[])?;
+    let primary = fixture.start(
+        &fixture
+            .instance("orders-0", "primary")?
+            .env("CAIRN_CLUSTER", "orders")
+            .env("CAIRN_SLOT_GRACE_SECONDS", "1"),
+    )?;
+    primary.wait_ready(Duration::from_secs(60)).await?;
+    let replica = fixture.start(&fixture.instance("orders-1", "replica")?.following(&primary))?;
+    replica.wait_ready(Duration::from_secs(60)).await?;
+    let superuser = primary.sql().await?;
+    for slot in ["orders_2", "orders_5", "backup_tool"] {
+        superuser
+            .execute(
+                "SELECT pg_create_physical_replication_slot($1, true)",
+                &[&slot],
+            )
+            .await?;
+    }
+    let slots = || async {
+        let rows = superuser
+            .query(
+                "SELECT slot_name::text FROM pg_replication_slots ORDER BY 1",
+                &[],
+            )
+            .await?;
+        Ok::<_, tokio_postgres::Error>(
+            rows.iter()
+                .map(|r| r.get::<_, String>(0))
+                .collect::<Vec<_>>(),
+        )
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while slots().await?.contains(&"orders_5".to_owned()) {
+        assert!(
+            Instant::now() < deadline,
+            "orders_5 kept: {}",
+            primary.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(slots().await?, ["backup_tool", "orders_1", "orders_2"]);
+    fixture.passed()
+}
