@@ -71,6 +71,7 @@ async fn postgresql_and_the_controller_run_in_real_pods() -> Result {
         "Degraded=True during planned changes: {seen:?}"
     );
     deleted_pod_returns_with_its_data(&ns).await?;
+    lost_folders_are_cloned_never_initialised(&ns).await?;
     Ok(())
 }
 
@@ -372,6 +373,54 @@ async fn deleted_pod_returns_with_its_data(ns: &TestNamespace) -> Result {
     .await?;
     until_psql(ns, "rw", "SELECT count(*) FROM orders", "150").await?;
     until_rows_on_replicas(ns, 150).await
+}
+
+/// A data folder lost under a running instance: a replica's is cloned
+/// again from the primary; the primary's is never initialised again (that
+/// would serve an empty database): a replica takes over, and the old
+/// primary is cloned from it, every row there.
+async fn lost_folders_are_cloned_never_initialised(ns: &TestNamespace) -> Result {
+    let clusters = ns.api::<DatabaseCluster>();
+    let primary = cairn_e2e::real::current_primary(&clusters, CLUSTER).await?;
+    let replica = (0..3)
+        .map(|ordinal| format!("{CLUSTER}-{ordinal}"))
+        .find(|pod| *pod != primary)
+        .ok_or_else(|| Error::Setup("no replica".into()))?;
+    lose_data_folder(ns, &replica).await?;
+    let on = |pod: &str| format!("{pod}.{CLUSTER}");
+    let count = "SELECT count(*) FROM orders";
+    cairn_e2e::real::until_psql(ns, &on(&replica), count, "150").await?;
+    assert_eq!(
+        cairn_e2e::real::psql(ns, &on(&replica), "SELECT pg_is_in_recovery()").await?,
+        "t"
+    );
+
+    lose_data_folder(ns, &primary).await?;
+    wait::until("another primary", READY_TIMEOUT, || async {
+        match cairn_e2e::real::current_primary(&clusters, CLUSTER).await {
+            Ok(now) if now != primary => Ok(Some(())),
+            Ok(now) => Err(now),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await?;
+    until_psql(ns, "rw", "SELECT pg_is_in_recovery()", "f").await?;
+    until_psql(ns, "rw", count, "150").await?;
+    cairn_e2e::real::until_psql(ns, &on(&primary), "SELECT pg_is_in_recovery()", "t").await?;
+    cairn_e2e::real::until_psql(ns, &on(&primary), count, "150").await
+}
+
+/// Moves the pod's data folder away and kills its postmaster: to
+/// cairn-instance the data is gone (the moved copy stays on the volume).
+async fn lose_data_folder(ns: &TestNamespace, pod: &str) -> Result {
+    let script = "cd /var/lib/postgresql/data && pid=$(head -1 pgdata/postmaster.pid) \
+                  && mv pgdata lost-by-test && kill -9 \"$pid\"";
+    cluster()
+        .kubectl(&[
+            "-n", &ns.name, "exec", pod, "-c", "postgres", "--", "sh", "-c", script,
+        ])
+        .await?;
+    Ok(())
 }
 
 /// Clients must use TLS (the client pod verifies the server with the
