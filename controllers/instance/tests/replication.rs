@@ -660,28 +660,8 @@ async fn rotated_passwords_take_effect_without_a_restart() -> Result {
     assert!(refused.is_err(), "the old password still works");
 
     // The replica's walreceiver reconnects with the new password.
+    primary.cut_replication_until_it_resumes(&replica).await?;
     let superuser = primary.sql().await?;
-    let before: i32 = superuser
-        .query_one("SELECT pid FROM pg_stat_replication", &[])
-        .await?
-        .get(0);
-    superuser
-        .execute("SELECT pg_terminate_backend($1)", &[&before])
-        .await?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let rows = superuser
-            .query(
-                "SELECT pid FROM pg_stat_replication WHERE state = 'streaming'",
-                &[],
-            )
-            .await?;
-        if rows.iter().any(|row| row.get::<_, i32>(0) != before) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{}", replica.log_text());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
     replica.wait_ready(Duration::from_secs(30)).await?;
     superuser
         .batch_execute("CREATE TABLE logged (x int)")
@@ -718,12 +698,7 @@ async fn replication_is_encrypted_and_a_new_certificate_is_served_without_a_rest
 
     let old_ca = fixture.ca.clone();
     primary.sql_verifying(&old_ca).await?;
-    let started: String = primary
-        .sql()
-        .await?
-        .query_one("SELECT pg_postmaster_start_time()::text", &[])
-        .await?
-        .get(0);
+    let started = primary.postmaster_start_time().await?;
     let changed = Instant::now();
     fixture.issue_certificate()?;
     while primary.sql_verifying(&fixture.ca).await.is_err() {
@@ -742,35 +717,14 @@ async fn replication_is_encrypted_and_a_new_certificate_is_served_without_a_rest
         primary.sql_verifying(&old_ca).await.is_err(),
         "the old certificate is still served"
     );
-    let after: String = primary
-        .sql()
-        .await?
-        .query_one("SELECT pg_postmaster_start_time()::text", &[])
-        .await?
-        .get(0);
-    assert_eq!(started, after, "postgres restarted");
+    assert_eq!(
+        primary.postmaster_start_time().await?,
+        started,
+        "postgres restarted"
+    );
 
     // The replica trusts the new CA too: a new replication connection works.
-    let superuser = primary.sql().await?;
-    let before: i32 = superuser
-        .query_one("SELECT pid FROM pg_stat_replication", &[])
-        .await?
-        .get(0);
-    superuser
-        .execute("SELECT pg_terminate_backend($1)", &[&before])
-        .await?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while superuser
-        .query(
-            "SELECT pid FROM pg_stat_replication WHERE state = 'streaming' AND pid <> $1",
-            &[&before],
-        )
-        .await?
-        .is_empty()
-    {
-        assert!(Instant::now() < deadline, "{}", replica.log_text());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    primary.cut_replication_until_it_resumes(&replica).await?;
     fixture.passed()
 }
 

@@ -445,6 +445,43 @@ impl Instance {
         Ok(client)
     }
 
+    pub async fn postmaster_start_time(&self) -> Result<String> {
+        let row = self
+            .sql()
+            .await?
+            .query_one("SELECT pg_postmaster_start_time()::text", &[])
+            .await?;
+        Ok(row.get(0))
+    }
+
+    /// On a primary: ends `replica`'s replication connection and waits until
+    /// it streams again over a new one.
+    pub async fn cut_replication_until_it_resumes(&self, replica: &Instance) -> Result {
+        let superuser = self.sql().await?;
+        let before: i32 = superuser
+            .query_one("SELECT pid FROM pg_stat_replication", &[])
+            .await?
+            .get(0);
+        superuser
+            .execute("SELECT pg_terminate_backend($1)", &[&before])
+            .await?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while superuser
+            .query(
+                "SELECT pid FROM pg_stat_replication WHERE state = 'streaming' AND pid <> $1",
+                &[&before],
+            )
+            .await?
+            .is_empty()
+        {
+            if Instant::now() > deadline {
+                return Err(format!("replication did not resume: {}", replica.log_text()).into());
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Ok(())
+    }
+
     pub async fn show(&self, setting: &str) -> Result<String> {
         let row = self
             .sql()
