@@ -305,6 +305,73 @@ pub async fn until_acknowledged_after(ns: &TestNamespace, count: usize) -> Resul
     .await
 }
 
+/// SIGKILL of pod `pod`'s cairn-instance and its postmaster together, as a
+/// crash or the OOM killer would: no shutdown, no cleanup. The real nodes'
+/// containers are processes of this machine, found by the pod's name and
+/// namespace in their environment. Returns the pids killed.
+pub fn kill_instance(ns: &TestNamespace, pod: &str) -> Result<[u32; 2]> {
+    let processes = host_processes();
+    let wanted = [
+        format!("POD_NAME={pod}"),
+        format!("POD_NAMESPACE={}", ns.name),
+    ];
+    let instance = processes
+        .iter()
+        .find(|p| p.comm == "cairn-instance" && wanted.iter().all(|w| p.environ.contains(w)))
+        .ok_or_else(|| Error::Setup(format!("no cairn-instance process of {pod}")))?;
+    let postmaster = processes
+        .iter()
+        .find(|p| p.comm == "postgres" && p.ppid == instance.pid)
+        .ok_or_else(|| Error::Setup(format!("no postmaster under {pod}'s cairn-instance")))?;
+    let pids = [instance.pid, postmaster.pid];
+    let status = std::process::Command::new("kill")
+        .arg("-KILL")
+        .args(pids.map(|pid| pid.to_string()))
+        .status()
+        .map_err(|e| Error::Setup(format!("kill: {e}")))?;
+    if !status.success() {
+        return Err(Error::Setup(format!("kill -KILL {pids:?}: {status}")));
+    }
+    Ok(pids)
+}
+
+struct HostProcess {
+    pid: u32,
+    ppid: u32,
+    comm: String,
+    environ: Vec<String>,
+}
+
+/// Every process of this machine that can be read.
+fn host_processes() -> Vec<HostProcess> {
+    let entries = std::fs::read_dir("/proc").into_iter().flatten().flatten();
+    entries
+        .filter_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let dir = entry.path();
+            let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
+            // `pid (comm) state ppid ...`: comm may hold spaces and parentheses.
+            let after = &stat[stat.rfind(')')? + 2..];
+            let ppid = after.split(' ').nth(1)?.parse().ok()?;
+            let comm = std::fs::read_to_string(dir.join("comm"))
+                .ok()?
+                .trim()
+                .to_owned();
+            let environ = std::fs::read(dir.join("environ")).ok()?;
+            let environ = environ
+                .split(|b| *b == 0)
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+                .collect();
+            Some(HostProcess {
+                pid,
+                ppid,
+                comm,
+                environ,
+            })
+        })
+        .collect()
+}
+
 /// Runs `command` in the client pod; its output.
 pub async fn exec(ns: &TestNamespace, command: &[&str]) -> Result<String> {
     let mut args = vec!["-n", &ns.name, "exec", "client", "--"];

@@ -2,7 +2,9 @@
 //! by its chart: a 3-instance cluster where every commit waits for one of the
 //! two replicas (`spec.replication.synchronousReplicas: 1`). The primary's
 //! node stops while a client pod commits rows through `<name>-rw`; after the
-//! failover every acknowledged row is present, and the old primary rejoins.
+//! failover the old primary rejoins; then the new primary's cairn-instance and
+//! postgres are killed (SIGKILL) and writes resume. Every acknowledged row is
+//! present at the end.
 
 use std::time::Instant;
 
@@ -10,9 +12,9 @@ use cairn_api::database::instance::{CREDENTIALS_DIR, SUPERUSER_PASSWORD_KEY};
 use cairn_api::database::v1::{DatabaseCluster, ReplicationSpec};
 use cairn_e2e::real::{
     READY_TIMEOUT, cluster_spec, current_primary, enforce_restricted_pod_security,
-    install_controller, node_of, other_real_node, psql, rows_present, start_client_on,
-    start_writer, stop_writer, unix_now, until_acknowledged, until_acknowledged_after, until_psql,
-    writes,
+    install_controller, kill_instance, node_of, other_real_node, psql, rows_present,
+    start_client_on, start_writer, stop_writer, unix_now, until_acknowledged,
+    until_acknowledged_after, until_psql, writes,
 };
 use cairn_testing::{Error, LocalCluster, TestNamespace, cluster, wait};
 use kube::Api;
@@ -73,6 +75,32 @@ async fn with_synchronous_replication_a_failover_loses_no_acknowledged_row() -> 
     let result = fail_over(&ns, &clusters, &old_primary, frozen).await;
     cluster().start_node(number)?;
     let new_primary = result?;
+
+    // Then the new primary crashes: SIGKILL of its cairn-instance and
+    // postgres. Writes resume (on it, restarted in place, or on a replica
+    // promoted if it stays down past the failover delay).
+    until_ready(&clusters).await?;
+    until_acknowledged_after(&ns, 10).await?;
+    let killed_at = unix_now();
+    let pids = kill_instance(&ns, &new_primary)?;
+    until_acknowledged_after(&ns, 20).await?;
+    let resumed = writes(&ns)
+        .await?
+        .iter()
+        .find(|w| w.ok && w.started > killed_at)
+        .map(|w| w.at - killed_at);
+    let serving = current_primary(&clusters, CLUSTER).await?;
+    eprintln!(
+        "SIGKILL of {new_primary}'s cairn-instance and postgres {pids:?} → first acknowledged \
+         write {:.1} s; primary now {serving} ({})",
+        resumed.unwrap_or(f64::NAN),
+        if serving == new_primary {
+            "restarted in place"
+        } else {
+            "failed over"
+        }
+    );
+    assert!(resumed.is_some(), "no write succeeded after the kill");
 
     stop_writer(&ns).await?;
     let writes = writes(&ns).await?;
