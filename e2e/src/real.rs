@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use cairn_api::database::instance::{CREDENTIALS_DIR, SUPERUSER_PASSWORD_KEY};
 use cairn_api::database::v1::{DatabaseCluster, DatabaseClusterSpec, PostgresSpec, StorageSpec};
 use cairn_testing::{Error, TestNamespace, cluster, wait};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -303,6 +304,19 @@ pub async fn until_acknowledged_after(ns: &TestNamespace, count: usize) -> Resul
         },
     )
     .await
+}
+
+/// Runs `sql` with psql in pod `pod`'s own container, as the superuser over
+/// loopback with the password mounted there (never on a command line).
+pub async fn as_superuser(ns: &TestNamespace, pod: &str, sql: &str) -> Result<String> {
+    let script = format!(
+        "PGPASSWORD=$(cat {CREDENTIALS_DIR}/{SUPERUSER_PASSWORD_KEY}) \
+         psql -h 127.0.0.1 -U postgres -XAtq -c \"{sql}\""
+    );
+    let out = cluster()
+        .kubectl(&["-n", &ns.name, "exec", pod, "--", "sh", "-c", &script])
+        .await?;
+    Ok(out.stdout.trim().to_owned())
 }
 
 /// SIGKILL of pod `pod`'s cairn-instance and its postmaster together, as a

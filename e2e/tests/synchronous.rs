@@ -8,10 +8,9 @@
 
 use std::time::Instant;
 
-use cairn_api::database::instance::{CREDENTIALS_DIR, SUPERUSER_PASSWORD_KEY};
 use cairn_api::database::v1::{DatabaseCluster, ReplicationSpec};
 use cairn_e2e::real::{
-    READY_TIMEOUT, cluster_spec, current_primary, enforce_restricted_pod_security,
+    READY_TIMEOUT, as_superuser, cluster_spec, current_primary, enforce_restricted_pod_security,
     install_controller, kill_instance, node_of, other_real_node, psql, rows_present,
     start_client_on, start_writer, stop_writer, unix_now, until_acknowledged,
     until_acknowledged_after, until_psql, writes,
@@ -140,19 +139,6 @@ async fn with_synchronous_replication_a_failover_loses_no_acknowledged_row() -> 
     until_psql(&ns, &old_host, "SELECT pg_is_in_recovery()", "t").await?;
     until_psql(&ns, &old_host, "SELECT count(*) FROM ticks", &count).await?;
     Ok(())
-}
-
-/// Runs `sql` with psql in pod `pod`'s own container, as the superuser over
-/// loopback with the password mounted there (never on a command line).
-async fn as_superuser(ns: &TestNamespace, pod: &str, sql: &str) -> Result<String> {
-    let script = format!(
-        "PGPASSWORD=$(cat {CREDENTIALS_DIR}/{SUPERUSER_PASSWORD_KEY}) \
-         psql -h 127.0.0.1 -U postgres -XAtq -c \"{sql}\""
-    );
-    let out = cluster()
-        .kubectl(&["-n", &ns.name, "exec", pod, "--", "sh", "-c", &script])
-        .await?;
-    Ok(out.stdout.trim().to_owned())
 }
 
 /// Waits for another primary, `-rw` reaching it and writes going through.
