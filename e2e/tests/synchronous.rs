@@ -11,9 +11,9 @@ use std::time::Instant;
 use cairn_api::database::v1::{DatabaseCluster, ReplicationSpec};
 use cairn_e2e::real::{
     READY_TIMEOUT, as_superuser, cluster_spec, current_primary, enforce_restricted_pod_security,
-    install_controller, kill_instance, node_of, other_real_node, psql, rows_present,
-    start_client_on, start_writer, stop_writer, unix_now, until_acknowledged,
-    until_acknowledged_after, until_psql, writes,
+    install_controller, node_of, other_real_node, psql, rows_present, start_client_on,
+    start_writer, stop_writer, unix_now, until_acknowledged, until_acknowledged_after, until_psql,
+    writes,
 };
 use cairn_testing::{Error, LocalCluster, TestNamespace, cluster, wait};
 use kube::Api;
@@ -81,7 +81,7 @@ async fn with_synchronous_replication_a_failover_loses_no_acknowledged_row() -> 
     until_ready(&clusters).await?;
     until_acknowledged_after(&ns, 10).await?;
     let killed_at = unix_now();
-    let pids = kill_instance(&ns, &new_primary)?;
+    cluster().kill_container(&ns.name, &new_primary, "postgres")?;
     until_acknowledged_after(&ns, 20).await?;
     let resumed = writes(&ns)
         .await?
@@ -90,8 +90,8 @@ async fn with_synchronous_replication_a_failover_loses_no_acknowledged_row() -> 
         .map(|w| w.at - killed_at);
     let serving = current_primary(&clusters, CLUSTER).await?;
     eprintln!(
-        "SIGKILL of {new_primary}'s cairn-instance and postgres {pids:?} → first acknowledged \
-         write {:.1} s; primary now {serving} ({})",
+        "SIGKILL of {new_primary}'s cairn-instance and postgres → first acknowledged write \
+         {:.1} s; primary now {serving} ({})",
         resumed.unwrap_or(f64::NAN),
         if serving == new_primary {
             "restarted in place"

@@ -257,6 +257,20 @@ impl LocalCluster {
         .map(drop)
     }
 
+    /// SIGKILL to every process of container `container` of pod
+    /// `namespace/pod` on a real node, through its containerd: a crash or an
+    /// OOM kill (no shutdown, no cleanup). The kubelet then restarts it.
+    pub fn kill_container(&self, namespace: &str, pod: &str, container: &str) -> Result<(), Error> {
+        run_script(&[
+            "kill-container",
+            &self.state_dir.to_string_lossy(),
+            namespace,
+            pod,
+            container,
+        ])
+        .map(drop)
+    }
+
     /// The number (1-based) of the real node a node name denotes.
     pub fn real_node_number(node_name: &str) -> Option<u32> {
         node_name.strip_prefix("cairn-node-")?.parse().ok()
