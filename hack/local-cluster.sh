@@ -26,6 +26,9 @@
 #                                            power loss or partition) and thaw it
 #   hack/local-cluster.sh kill-container STATE_DIR NAMESPACE POD [CONTAINER]
 #                                            SIGKILL one container's processes
+#   hack/local-cluster.sh cut-from-apiserver|heal-from-apiserver STATE_DIR POD_IP
+#                                            drop a pod's packets to the API
+#                                            server (nothing else), and undo it
 #
 # CAIRN_REAL_NODES: how many real nodes, one per zone (default 3; 0 for none).
 # One cluster with real nodes runs on a machine at a time (they share the
@@ -461,6 +464,8 @@ case "$cmd" in
   stop-node) freeze_node "${3:?node number}" ;;
   start-node) thaw_node "${3:?node number}" ;;
   kill-container) shift 2; BIN=$(state_value CAIRN_BIN); kill_container "$@" ;;
+  cut-from-apiserver) APISERVER_URL=$(state_value CAIRN_APISERVER); cut_from_apiserver -I "${3:?pod IP}" ;;
+  heal-from-apiserver) APISERVER_URL=$(state_value CAIRN_APISERVER); cut_from_apiserver -D "${3:?pod IP}" ;;
   env) running || die "no running local cluster in $STATE (start it: hack/local-cluster.sh up)"; cat "$STATE/env" ;;
   *) usage ;;
 esac

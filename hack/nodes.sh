@@ -301,6 +301,15 @@ thaw_node() { # i
   kill -CONT $(node_processes "$1")
 }
 
+# cut_from_apiserver ACTION POD_IP: drops (ACTION -I) or lets through again
+# (-D) the pod's packets to the API server only, as a partition that leaves
+# the database network up would. First in INPUT: established connections too.
+cut_from_apiserver() {
+  local port=${APISERVER_URL##*:}
+  port=${port%%/*}
+  iptables "$1" INPUT -s "$2" -d "$API_IP" -p tcp --dport "$port" -j DROP
+}
+
 # kill_container NAMESPACE POD [CONTAINER]: SIGKILL to the container's
 # processes through its node's containerd, as an OOM kill or a crash.
 kill_container() {

@@ -4,7 +4,9 @@
 //! replica is promoted, `-rw` follows it, writes resume; when the node
 //! returns, the old primary rejoins as a replica, and it never acknowledged a
 //! write the new timeline lost. Then a switchover back, on request, loses no
-//! row either.
+//! row either. Then that primary is cut off from the API server alone: it
+//! stops taking writes before a replica may be promoted, one is, and after
+//! the cut heals it rejoins as a replica.
 
 use std::time::Instant;
 
@@ -64,6 +66,23 @@ async fn a_stopped_primary_node_fails_over_and_the_old_primary_rejoins() -> Resu
     // Back to the old primary, on request: no row lost, writes resume.
     switch_over(&ns, &clusters, &old_primary).await?;
 
+    // The primary cut off from the API server alone: it fences itself
+    // before a replica may be promoted, a replica takes over, and once the
+    // cut heals it rejoins as a replica.
+    let pod_ip = ns
+        .api::<Pod>()
+        .get(&old_primary)
+        .await?
+        .status
+        .and_then(|s| s.pod_ip)
+        .ok_or_else(|| Error::Setup(format!("{old_primary} has no IP")))?;
+    cluster().cut_from_apiserver(&pod_ip)?;
+    let cut_at = unix_now();
+    let result = partitioned_primary_fences_itself(&ns, &clusters, &old_primary, cut_at).await;
+    cluster().heal_from_apiserver(&pod_ip)?;
+    let fenced_at = result?;
+    rejoins_as_replica(&ns, &old_primary).await?;
+
     stop_writer(&ns).await?;
     let writes = writes(&ns).await?;
     let present = rows_present(&ns, RW).await?;
@@ -86,15 +105,16 @@ async fn a_stopped_primary_node_fails_over_and_the_old_primary_rejoins() -> Resu
         missing.len(),
         first_after.unwrap_or(f64::NAN)
     );
-    // Only a write sent to the old primary before its node stopped may be
-    // missing (it had not reached a replica); one begun later would mean two
-    // primaries took writes.
+    // Only a write sent to a primary before it was lost (its node stopped,
+    // or cut off and not yet fenced) may be missing (it had not reached a
+    // replica); one begun later would mean two primaries took writes.
     for write in &missing {
         assert!(
-            write.started < frozen_at,
-            "row {} begun {:.1} s after the node stopped is missing",
+            write.started < frozen_at || (cut_at..fenced_at).contains(&write.started),
+            "row {} begun {:.1} s after the node stopped ({:.1} s after the cut) is missing",
             write.id,
-            write.started - frozen_at
+            write.started - frozen_at,
+            write.started - cut_at
         );
     }
     assert!(
@@ -225,9 +245,73 @@ async fn failover_and_rejoin(
     until_acknowledged_after(ns, 20).await?;
     cluster().start_node(node)?;
     let thawed = Instant::now();
+    rejoins_as_replica(ns, old_primary).await?;
+    eprintln!(
+        "failover: {old_primary} a ready replica {:.1} s after its node returned",
+        thawed.elapsed().as_secs_f64()
+    );
+    until_ready(clusters, |c| {
+        c.status
+            .as_ref()
+            .and_then(|s| s.last_failover.as_ref())
+            .is_some_and(|f| f.completed_at.is_some())
+    })
+    .await?;
+    Ok(new_primary)
+}
+
+/// Until the primary cut off at `cut_at` takes no writes; it must stop
+/// before the failover delay (10 s), when a replica may be promoted. Then a
+/// replica takes over. Returns when it stopped taking writes.
+async fn partitioned_primary_fences_itself(
+    ns: &TestNamespace,
+    clusters: &Api<DatabaseCluster>,
+    primary: &str,
+    cut_at: f64,
+) -> Result<f64> {
+    let host = format!("{primary}.{CLUSTER}");
+    wait::until(
+        "the cut-off primary takes no writes",
+        READY_TIMEOUT,
+        || async {
+            match psql(ns, &host, "SELECT pg_is_in_recovery()").await {
+                Ok(out) if out == "f" => Err("still a primary".to_owned()),
+                _ => Ok(Some(())),
+            }
+        },
+    )
+    .await?;
+    let fenced_at = unix_now();
+    eprintln!(
+        "partition: {primary} stopped taking writes {:.1} s after it was cut off from the API server",
+        fenced_at - cut_at
+    );
+    assert!(
+        fenced_at - cut_at < 10.0,
+        "the cut-off primary took writes for {:.1} s, past the failover delay",
+        fenced_at - cut_at
+    );
+    wait::for_object(clusters, CLUSTER, "another primary", READY_TIMEOUT, |c| {
+        c.status
+            .as_ref()
+            .and_then(|s| s.current_primary.as_deref())
+            .is_some_and(|p| p != primary)
+    })
+    .await?;
+    until_psql(ns, RW, "SELECT pg_is_in_recovery()", "f").await?;
+    until_acknowledged_after(ns, 20).await?;
+    eprintln!(
+        "partition: writes through -rw again {:.1} s after the cut",
+        unix_now() - cut_at
+    );
+    Ok(fenced_at)
+}
+
+/// Until `pod` is a ready replica, labelled so, in recovery.
+async fn rejoins_as_replica(ns: &TestNamespace, pod: &str) -> Result {
     wait::for_object(
-        &pods,
-        old_primary,
+        &ns.api::<Pod>(),
+        pod,
         "Ready as a replica",
         READY_TIMEOUT,
         |p| {
@@ -241,20 +325,13 @@ async fn failover_and_rejoin(
         },
     )
     .await?;
-    let old_host = format!("{old_primary}.{CLUSTER}");
-    until_psql(ns, &old_host, "SELECT pg_is_in_recovery()", "t").await?;
-    eprintln!(
-        "failover: {old_primary} a ready replica {:.1} s after its node returned",
-        thawed.elapsed().as_secs_f64()
-    );
-    until_ready(clusters, |c| {
-        c.status
-            .as_ref()
-            .and_then(|s| s.last_failover.as_ref())
-            .is_some_and(|f| f.completed_at.is_some())
-    })
-    .await?;
-    Ok(new_primary)
+    until_psql(
+        ns,
+        &format!("{pod}.{CLUSTER}"),
+        "SELECT pg_is_in_recovery()",
+        "t",
+    )
+    .await
 }
 
 async fn until_ready(

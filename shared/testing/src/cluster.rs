@@ -271,6 +271,27 @@ impl LocalCluster {
         .map(drop)
     }
 
+    /// Drops every packet from the pod at `pod_ip` to the API server (and
+    /// only those: the database network stays up), established connections
+    /// included, until [`Self::heal_from_apiserver`].
+    pub fn cut_from_apiserver(&self, pod_ip: &str) -> Result<(), Error> {
+        run_script(&[
+            "cut-from-apiserver",
+            &self.state_dir.to_string_lossy(),
+            pod_ip,
+        ])
+        .map(drop)
+    }
+
+    pub fn heal_from_apiserver(&self, pod_ip: &str) -> Result<(), Error> {
+        run_script(&[
+            "heal-from-apiserver",
+            &self.state_dir.to_string_lossy(),
+            pod_ip,
+        ])
+        .map(drop)
+    }
+
     /// The number (1-based) of the real node a node name denotes.
     pub fn real_node_number(node_name: &str) -> Option<u32> {
         node_name.strip_prefix("cairn-node-")?.parse().ok()
