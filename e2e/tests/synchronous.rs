@@ -16,6 +16,7 @@ use cairn_e2e::real::{
     writes,
 };
 use cairn_testing::{Error, LocalCluster, TestNamespace, cluster, wait};
+use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::PostParams;
 
@@ -80,19 +81,44 @@ async fn with_synchronous_replication_a_failover_loses_no_acknowledged_row() -> 
     // promoted if it stays down past the failover delay).
     until_ready(&clusters).await?;
     until_acknowledged_after(&ns, 10).await?;
+    let restarts = |pod: &Pod| {
+        pod.status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|c| c.iter().find(|c| c.name == "postgres"))
+            .map_or(0, |c| c.restart_count)
+    };
+    let pods = ns.api::<Pod>();
+    let restarted_before = restarts(&pods.get(&new_primary).await?);
     let killed_at = unix_now();
     cluster().kill_container(&ns.name, &new_primary, "postgres")?;
+    // The kubelet saw the container die: the kill happened.
+    wait::for_object(
+        &pods,
+        &new_primary,
+        "its container restarted",
+        READY_TIMEOUT,
+        |p| restarts(p) > restarted_before,
+    )
+    .await?;
     until_acknowledged_after(&ns, 20).await?;
-    let resumed = writes(&ns)
-        .await?
+    // Unavailability: from the kill to the first acknowledged write begun
+    // after the first write the kill made fail.
+    let writes_now = writes(&ns).await?;
+    let first_failed = writes_now
         .iter()
-        .find(|w| w.ok && w.started > killed_at)
+        .find(|w| !w.ok && w.started > killed_at)
+        .map(|w| w.started);
+    let resumed = writes_now
+        .iter()
+        .find(|w| w.ok && w.started > first_failed.unwrap_or(killed_at))
         .map(|w| w.at - killed_at);
     let serving = current_primary(&clusters, CLUSTER).await?;
     eprintln!(
         "SIGKILL of {new_primary}'s cairn-instance and postgres → first acknowledged write \
-         {:.1} s; primary now {serving} ({})",
+         {:.1} s (first failed write begun {:.1} s after the kill); primary now {serving} ({})",
         resumed.unwrap_or(f64::NAN),
+        first_failed.map_or(f64::NAN, |at| at - killed_at),
         if serving == new_primary {
             "restarted in place"
         } else {
