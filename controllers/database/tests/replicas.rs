@@ -1,7 +1,8 @@
 //! Two replicas of the controller, real processes with the chart's RBAC,
 //! competing for one Lease: exactly one reconciles; a standby takes over
 //! within 3 s of a SIGTERM and within 20 s of a SIGKILL; a replica never
-//! writes once another has taken over.
+//! writes once another has taken over, not even a leader frozen past its
+//! lease that thaws with work queued.
 
 mod support;
 
@@ -125,6 +126,69 @@ async fn one_replica_leads_and_a_standby_takes_over() -> Result<(), Error> {
     assert!(
         b_last < a_second_term_first,
         "b wrote at {b_last} after a took over at {a_second_term_first}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_leader_frozen_past_its_lease_writes_nothing_when_it_thaws() -> Result<(), Error> {
+    let namespace = support::namespace("frozen").await?;
+    let account_a = support::install_rbac(&namespace, "frozen-a").await?;
+    let account_b = support::install_rbac(&namespace, "frozen-b").await?;
+    let user_a = support::user(&namespace, &account_a);
+    let clusters = namespace.api::<DatabaseCluster>();
+
+    let mut a = support::start(&namespace, "a", &account_a, &[])?;
+    support::until_status(&a, "/readyz", 200, Duration::from_secs(30)).await?;
+    wait::until("a leads", Duration::from_secs(10), || async {
+        Ok((leader_metric(&a).await.map_err(|e| e.to_string())? == 1.0).then_some(()))
+    })
+    .await?;
+    let b = support::start(&namespace, "b", &account_b, &[])?;
+    support::until_status(&b, "/readyz", 200, Duration::from_secs(30)).await?;
+    support::create(&clusters, &support::database_cluster("one", 1)).await?;
+    support::until_condition(&clusters, "one", "Ready", "True", Duration::from_secs(60)).await?;
+
+    // A stops dead holding the lease, its watches and connections open.
+    let frozen = Instant::now();
+    a.freeze()?;
+    // Work for A to find when it thaws: a new cluster and a changed one.
+    support::create(&clusters, &support::database_cluster("two", 1)).await?;
+    until_reconciled(&clusters, "two", Duration::from_secs(40)).await?;
+    let takeover = frozen.elapsed();
+    println!("takeover from a frozen leader: {} ms", takeover.as_millis());
+    assert_eq!(leader_metric(&b).await?, 1.0, "b leads");
+    let resized = serde_json::json!({"spec": {"instances": 2}});
+    clusters
+        .patch(
+            "one",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&resized),
+        )
+        .await?;
+    until_reconciled(&clusters, "one", Duration::from_secs(20)).await?;
+    // Let the audit log catch up with A's last writes before the freeze.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before_thaw = support::writes_by(&user_a, &namespace.name)?.len();
+
+    a.thaw()?;
+    let status = a.wait(Duration::from_secs(20)).await?;
+    assert!(
+        !status.success(),
+        "a replica that lost the lease exits non-zero: {status}"
+    );
+    // A write A sent is in the audit log within a second of its response.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after_thaw: Vec<_> = support::writes_by(&user_a, &namespace.name)?
+        .into_iter()
+        .skip(before_thaw)
+        .collect();
+    assert_eq!(after_thaw, vec![], "the thawed replica wrote");
+    println!("writes by the thawed replica: {}", after_thaw.len());
+    assert!(
+        a.log_tail(200).contains("another replica may be leading"),
+        "the thawed replica says why it stopped:\n{}",
+        a.log_tail(40)
     );
     Ok(())
 }

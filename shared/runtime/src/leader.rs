@@ -3,17 +3,28 @@
 //! are impossible), standbys poll it and take it when it is free or expired,
 //! and a holder that steps down clears it so a standby takes over at once.
 //!
-//! Own implementation rather than kube-lease-manager: its standbys sleep until
-//! the holder's lease would expire, so a released lease moved only after up to
-//! a full lease duration (15 s measured here), not the ~1 s a graceful
-//! shutdown needs.
+//! Three properties keep a leader from writing twice:
+//! - expiry is judged from when this replica saw the Lease last change, on
+//!   its own monotonic clock, never from the holder's `renewTime` (the
+//!   holder's clock may be skewed);
+//! - every round of requests is bounded by a timeout that ends no later than
+//!   the renew deadline, so a hung request cannot keep a holder believing it
+//!   leads;
+//! - [`Candidacy::lost`] fires at the renew deadline itself, on a timer, even
+//!   if the election task is stuck; [`Sureness`] lets every write check it.
+//!
+//! Own implementation rather than kube-lease-manager or kubert's lease
+//! module: kube-lease-manager's standbys sleep until the holder's lease would
+//! expire, so a released lease moved only after up to a full lease duration
+//! (15 s measured here), not the ~1 s a graceful shutdown needs; kubert
+//! judges expiry from the holder's `renewTime` against the local clock.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 use tokio::sync::{oneshot, watch};
@@ -35,6 +46,9 @@ pub struct Timing {
     pub renew_deadline: Duration,
     /// How often a standby checks the lease.
     pub retry_interval: Duration,
+    /// The longest one round of Lease requests may take; a holder's round
+    /// also ends at its renew deadline, whichever comes first.
+    pub request_timeout: Duration,
 }
 
 impl Default for Timing {
@@ -44,6 +58,7 @@ impl Default for Timing {
             renew_interval: Duration::from_secs(5),
             renew_deadline: Duration::from_secs(10),
             retry_interval: Duration::from_secs(1),
+            request_timeout: Duration::from_secs(4),
         }
     }
 }
@@ -53,6 +68,8 @@ impl Default for Timing {
 pub enum LeaderError {
     #[error("lost the lease: another replica may be leading")]
     Lost,
+    #[error("no renewal within the renew deadline: another replica may be leading")]
+    Unsure,
     #[error("the election task ended")]
     TaskEnded,
     #[error("could not release the lease: {0}")]
@@ -90,6 +107,7 @@ pub fn run_for(
         identity: identity.to_owned(),
         timing,
         last_renewal: None,
+        observed: None,
         sure: sure.clone(),
     };
     let task = tokio::spawn(election.run(leader_tx, stop_rx));
@@ -114,16 +132,25 @@ impl Candidacy {
         Ok(())
     }
 
-    /// Waits until this replica, holding the lease, loses it. Reconciling must
-    /// stop at once.
+    /// Waits until this replica, holding the lease, loses it or stops being
+    /// sure of it (no renewal within the renew deadline, whatever the election
+    /// task is doing). Reconciling must stop at once.
     pub async fn lost(&mut self) -> LeaderError {
-        let result = self.is_leader.wait_for(|leader| !*leader).await;
+        let error = loop {
+            let unsure = tokio::time::sleep(self.sure.remaining());
+            tokio::select! {
+                changed = self.is_leader.wait_for(|leader| !*leader) => break match changed {
+                    Ok(_) => LeaderError::Lost,
+                    Err(_) => LeaderError::TaskEnded,
+                },
+                () = unsure => if !self.sure.is_sure() {
+                    break LeaderError::Unsure;
+                },
+            }
+        };
         self.metrics.leader.set(0);
         self.metrics.lease_transitions.inc();
-        match result {
-            Ok(_) => LeaderError::Lost,
-            Err(_) => LeaderError::TaskEnded,
-        }
+        error
     }
 
     /// Whether this replica holds the lease now.
@@ -178,10 +205,17 @@ pub struct Sureness {
 
 impl Sureness {
     pub fn is_sure(&self) -> bool {
+        !self.remaining().is_zero()
+    }
+
+    /// How long this replica stays sure without another renewal.
+    pub fn remaining(&self) -> Duration {
         self.renewed
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .is_some_and(|renewed| renewed.elapsed() < self.deadline)
+            .map_or(Duration::ZERO, |renewed| {
+                self.deadline.saturating_sub(renewed.elapsed())
+            })
     }
 
     /// Sure for `deadline` from now (tests of code that checks it).
@@ -198,6 +232,39 @@ impl Sureness {
     }
 }
 
+/// A client middleware that refuses every write (any method but GET, HEAD
+/// and OPTIONS) unless this replica is sure it leads: the last line of
+/// defence for a write begun before a freeze and sent after it. Until the
+/// replica competes for the lease, every write is refused.
+#[derive(Clone)]
+pub struct WritesWhileSure(pub Arc<OnceLock<Sureness>>);
+
+/// The error a refused write fails with.
+#[derive(Debug, thiserror::Error)]
+#[error("write refused: this replica is not sure it leads")]
+pub struct NotSureToLead;
+
+impl<B> tower::filter::Predicate<http::Request<B>> for WritesWhileSure {
+    type Request = http::Request<B>;
+
+    fn check(&mut self, request: http::Request<B>) -> Result<Self::Request, tower::BoxError> {
+        use http::Method;
+        let reads = matches!(
+            *request.method(),
+            Method::GET | Method::HEAD | Method::OPTIONS
+        );
+        if reads || self.0.get().is_some_and(Sureness::is_sure) {
+            return Ok(request);
+        }
+        tracing::warn!(
+            method = %request.method(),
+            path = request.uri().path(),
+            "write refused: not sure this replica still leads"
+        );
+        Err(Box::new(NotSureToLead))
+    }
+}
+
 struct Election {
     api: Api<Lease>,
     sure: Sureness,
@@ -206,6 +273,8 @@ struct Election {
     timing: Timing,
     /// When this replica last renewed (or acquired) the lease.
     last_renewal: Option<Instant>,
+    /// The Lease's resourceVersion and when this replica first saw it.
+    observed: Option<(String, Instant)>,
 }
 
 type StopRequest = oneshot::Sender<Result<(), kube::Error>>;
@@ -239,18 +308,32 @@ impl Election {
     /// One look at the lease: renew it, take it, or wait. Returns whether this
     /// replica leads now.
     async fn step(&mut self) -> bool {
-        let result = match self.api.get_opt(&self.name).await {
-            Ok(None) => self.create().await,
-            Ok(Some(lease)) => self.renew_or_take(lease).await,
-            Err(e) => Err(e),
+        // A holder must know by its renew deadline whether it still leads.
+        let timeout = match self.sure.remaining() {
+            Duration::ZERO => self.timing.request_timeout,
+            remaining => remaining.min(self.timing.request_timeout),
         };
-        if let Err(e) = result {
-            tracing::warn!(lease = %self.name, error = %e, "leader election request failed");
+        match tokio::time::timeout(timeout, self.requests()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(lease = %self.name, error = %e, "leader election request failed");
+            }
+            Err(_) => tracing::warn!(
+                lease = %self.name,
+                timeout_ms = timeout.as_millis(),
+                "leader election request timed out"
+            ),
         }
         // Leading means having renewed recently enough that the lease cannot
         // have expired for the others.
-        self.last_renewal
-            .is_some_and(|renewed| renewed.elapsed() < self.timing.renew_deadline)
+        self.sure.is_sure()
+    }
+
+    async fn requests(&mut self) -> Result<(), kube::Error> {
+        match self.api.get_opt(&self.name).await? {
+            None => self.create().await,
+            Some(lease) => self.renew_or_take(lease).await,
+        }
     }
 
     async fn create(&mut self) -> Result<(), kube::Error> {
@@ -274,7 +357,8 @@ impl Election {
         if !ours {
             self.last_renewal = None;
             self.sure.set(None);
-            if spec.holder_identity.is_some() && !expired(&spec) {
+            let seen_since = self.observe(&lease);
+            if spec.holder_identity.is_some() && !expired(seen_since, &spec) {
                 return Ok(()); // someone else leads
             }
         } else if self
@@ -304,6 +388,19 @@ impl Election {
         self.last_renewal = Some(started);
         self.sure.set(Some(started));
         Ok(())
+    }
+
+    /// Since when this replica has seen the Lease unchanged.
+    fn observe(&mut self, lease: &Lease) -> Instant {
+        let version = lease.metadata.resource_version.clone().unwrap_or_default();
+        match &self.observed {
+            Some((seen, since)) if *seen == version => *since,
+            _ => {
+                let now = Instant::now();
+                self.observed = Some((version, now));
+                now
+            }
+        }
     }
 
     fn held_spec(&self, acquire_time: Option<MicroTime>) -> LeaseSpec {
@@ -344,27 +441,35 @@ impl Election {
     }
 }
 
-/// Whether a lease's holder failed to renew within its duration.
-fn expired(spec: &LeaseSpec) -> bool {
-    let (Some(renewed), Some(duration)) = (&spec.renew_time, spec.lease_duration_seconds) else {
+/// Whether a lease's holder failed to renew within its duration, judged by
+/// how long this replica has seen the Lease unchanged: the holder's clock
+/// (`renewTime`) may be skewed against ours.
+fn expired(unchanged_since: Instant, spec: &LeaseSpec) -> bool {
+    let Some(seconds) = spec.lease_duration_seconds else {
         return true;
     };
-    renewed.0 + SignedDuration::from_secs(i64::from(duration)) < Timestamp::now()
+    let duration = Duration::from_secs(u64::try_from(seconds).unwrap_or(0));
+    unchanged_since.elapsed() > duration
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::jiff::SignedDuration;
 
-    fn spec(renewed_seconds_ago: i64, duration: i32) -> LeaseSpec {
+    fn spec(renewed_hours_ago: i64, duration: i32) -> LeaseSpec {
         LeaseSpec {
             holder_identity: Some("other".into()),
             renew_time: Some(MicroTime(
-                Timestamp::now() - SignedDuration::from_secs(renewed_seconds_ago),
+                Timestamp::now() - SignedDuration::from_hours(renewed_hours_ago),
             )),
             lease_duration_seconds: Some(duration),
             ..LeaseSpec::default()
         }
+    }
+
+    fn seconds_ago(seconds: u64) -> Instant {
+        Instant::now() - Duration::from_secs(seconds)
     }
 
     #[test]
@@ -379,12 +484,46 @@ mod tests {
     }
 
     #[test]
-    fn a_lease_expires_its_duration_after_the_last_renewal() {
-        assert!(!expired(&spec(5, 15)));
-        assert!(expired(&spec(16, 15)));
+    fn a_lease_expires_its_duration_after_it_was_last_seen_changing() {
+        // The holder's renewTime says an hour ago (a skewed clock): only what
+        // this replica saw counts.
+        assert!(!expired(seconds_ago(5), &spec(1, 15)));
+        assert!(expired(seconds_ago(16), &spec(-1, 15)));
         assert!(
-            expired(&LeaseSpec::default()),
-            "a lease never renewed is free"
+            expired(Instant::now(), &LeaseSpec::default()),
+            "a lease without a duration is free"
         );
+    }
+
+    #[test]
+    fn writes_pass_only_while_sure() {
+        use tower::filter::Predicate;
+        let request = |method: http::Method| {
+            http::Request::builder()
+                .method(method)
+                .uri("/api/v1/namespaces/a/configmaps")
+                .body(())
+                .expect("a valid request")
+        };
+        let mut unset = WritesWhileSure(Arc::new(OnceLock::new()));
+        assert!(unset.check(request(http::Method::GET)).is_ok());
+        assert!(unset.check(request(http::Method::PATCH)).is_err());
+        let lapsed = WritesWhileSure(Arc::new(OnceLock::from(Sureness::renewed_now(
+            Duration::ZERO,
+        ))));
+        assert!(lapsed.clone().check(request(http::Method::POST)).is_err());
+        let mut sure = WritesWhileSure(Arc::new(OnceLock::from(Sureness::renewed_now(
+            Duration::from_secs(10),
+        ))));
+        assert!(sure.check(request(http::Method::DELETE)).is_ok());
+    }
+
+    #[test]
+    fn sureness_counts_down_to_the_deadline() {
+        let sure = Sureness::renewed_now(Duration::from_secs(10));
+        let remaining = sure.remaining();
+        assert!(remaining > Duration::from_secs(9) && remaining <= Duration::from_secs(10));
+        sure.set(None);
+        assert_eq!(sure.remaining(), Duration::ZERO);
     }
 }

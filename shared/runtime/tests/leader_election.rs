@@ -1,5 +1,6 @@
 //! Leader election against the local API server: one leader at a time, a
-//! released lease moves at once, an abandoned one after it expires.
+//! released lease moves at once, an abandoned one after it expires, a holder
+//! with a skewed clock keeps it while it renews.
 
 use std::time::{Duration, Instant};
 
@@ -69,5 +70,72 @@ async fn one_leader_then_release_then_expiry() -> Result {
         "takeover took {takeover:?}"
     );
     assert_eq!(holder(&ns).await.as_deref(), Some("replica-c"));
+    Ok(())
+}
+
+/// A holder whose clock is an hour behind keeps renewing: a standby must not
+/// take the lease (its `renewTime` looks an hour old), and takes it once the
+/// renewals stop and it has seen the Lease unchanged for its duration.
+#[tokio::test]
+async fn a_holder_with_a_skewed_clock_keeps_the_lease_while_it_renews() -> Result {
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    use k8s_openapi::jiff::{SignedDuration, Timestamp};
+    use kube::api::{ObjectMeta, PostParams};
+
+    let ns = cluster().namespace("skew").await?;
+    let leases = ns.api::<Lease>();
+    let skewed_now = || MicroTime(Timestamp::now() - SignedDuration::from_hours(1));
+    let lease = Lease {
+        metadata: ObjectMeta {
+            name: Some("cairn-test".into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some("skewed".into()),
+            lease_duration_seconds: Some(15),
+            acquire_time: Some(skewed_now()),
+            renew_time: Some(skewed_now()),
+            ..LeaseSpec::default()
+        }),
+    };
+    leases.create(&PostParams::default(), &lease).await?;
+    let renewing = {
+        let leases = leases.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                let Ok(mut lease) = leases.get("cairn-test").await else {
+                    continue;
+                };
+                if let Some(spec) = lease.spec.as_mut() {
+                    spec.renew_time = Some(skewed_now());
+                }
+                let _ = leases
+                    .replace("cairn-test", &PostParams::default(), &lease)
+                    .await;
+            }
+        })
+    };
+
+    let mut standby = candidate(&ns, "standby").await?;
+    assert!(
+        tokio::time::timeout(Duration::from_secs(20), standby.acquired())
+            .await
+            .is_err(),
+        "the standby took a lease its holder kept renewing"
+    );
+    assert_eq!(holder(&ns).await.as_deref(), Some("skewed"));
+
+    renewing.abort();
+    let stopped = Instant::now();
+    tokio::time::timeout(Duration::from_secs(30), standby.acquired()).await??;
+    let takeover = stopped.elapsed();
+    eprintln!("takeover after the skewed holder stopped renewing: {takeover:?}");
+    assert!(
+        takeover >= Duration::from_secs(10),
+        "taken before the lease could expire: {takeover:?}"
+    );
+    assert_eq!(holder(&ns).await.as_deref(), Some("standby"));
     Ok(())
 }

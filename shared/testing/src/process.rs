@@ -136,6 +136,17 @@ impl ControllerProcess {
         self.signal("KILL")
     }
 
+    /// Sends SIGSTOP: the process stops dead (a stalled node, a long GC
+    /// pause) with its connections open, until [`ControllerProcess::thaw`].
+    pub fn freeze(&self) -> Result<(), Error> {
+        self.signal("STOP")
+    }
+
+    /// Sends SIGCONT to a frozen process.
+    pub fn thaw(&self) -> Result<(), Error> {
+        self.signal("CONT")
+    }
+
     fn signal(&self, signal: &str) -> Result<(), Error> {
         let pid = self
             .pid()
