@@ -18,7 +18,11 @@ fn object(value: Value) -> DynamicObject {
 
 #[tokio::test]
 async fn objects_read_the_same_in_both_versions_through_the_webhook() -> Result {
-    let server = https::serve(cairn_database_controller::webhook::router()).await?;
+    let server = https::serve(cairn_database_controller::webhook::router(
+        cairn_runtime::metrics::Metrics::new("database", "0.0.0", "test")
+            .expect("metrics register"),
+    ))
+    .await?;
     let ns = cluster().namespace("conversion").await?;
     let crd = cairn_api::crds::database_cluster_with_conversion(WebhookClientConfig {
         url: Some(format!("{}/convert", server.url)),

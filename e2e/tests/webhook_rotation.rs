@@ -53,7 +53,10 @@ async fn a_rotated_certificate_is_served_without_a_restart() -> Result {
     std::fs::create_dir_all(&certs)?;
     let first = issue()?;
     first.write(&certs)?;
-    let router = cairn_database_controller::webhook::router();
+    let router = cairn_database_controller::webhook::router(
+        cairn_runtime::metrics::Metrics::new("database", "0.0.0", "test")
+            .expect("metrics register"),
+    );
     let server = cairn_runtime::webhook::start(
         ([127, 0, 0, 1], 0).into(),
         router,

@@ -22,7 +22,10 @@ async fn conversions_work_with_certificates_the_controller_made() -> Result {
     let again = certs::ensure(ns.client.clone(), &ns.name, "webhook-cert", &["127.0.0.1"]).await?;
     assert_eq!(pair, again);
 
-    let router = cairn_database_controller::webhook::router();
+    let router = cairn_database_controller::webhook::router(
+        cairn_runtime::metrics::Metrics::new("database", "0.0.0", "test")
+            .expect("metrics register"),
+    );
     let server = cairn_runtime::webhook::start_with_pem(
         ([127, 0, 0, 1], 0).into(),
         router,

@@ -85,10 +85,14 @@ pub enum ConversionError {
     Invalid(#[from] serde_json::Error),
     #[error("annotation {0} does not hold valid JSON of the v1 fields: {1}")]
     BadAnnotation(String, serde_json::Error),
+    #[error("the v1 fields for annotation {0} cannot be serialised: {1}")]
+    Unkeepable(String, serde_json::Error),
 }
 
 /// v1 → v1alpha1.
-pub fn to_v1alpha1(cluster: v1::DatabaseCluster) -> v1alpha1::DatabaseCluster {
+pub fn to_v1alpha1(
+    cluster: v1::DatabaseCluster,
+) -> Result<v1alpha1::DatabaseCluster, ConversionError> {
     let v1::DatabaseCluster {
         mut metadata,
         spec,
@@ -113,31 +117,33 @@ pub fn to_v1alpha1(cluster: v1::DatabaseCluster) -> v1alpha1::DatabaseCluster {
         failover: spec.failover,
         replication: spec.replication,
     };
-    keep(&mut metadata, SPEC_ANNOTATION, &extras);
-    let status = status.map(|status| {
-        let empty_endpoints = status.endpoints.as_ref() == Some(&v1::Endpoints::default());
-        let endpoints = status.endpoints.unwrap_or_default();
-        let extras = StatusExtras {
-            observed_generation: status.observed_generation,
-            ready_instances: status.ready_instances,
-            selector: status.selector,
-            current_primary: status.current_primary,
-            read_only_endpoint: endpoints.read_only,
-            credentials_secret: status.credentials_secret,
-            postgres_version: status.postgres_version,
-            initialized: status.initialized,
-            last_failover: status.last_failover,
-            last_switchover: status.last_switchover,
-            empty_endpoints,
-        };
-        keep(&mut metadata, STATUS_ANNOTATION, &extras);
-        v1alpha1::DatabaseClusterStatus {
-            phase: status.phase,
-            conditions: status.conditions,
-            endpoint: endpoints.read_write,
-            instances: status.instances,
-        }
-    });
+    keep(&mut metadata, SPEC_ANNOTATION, &extras)?;
+    let status = status
+        .map(|status| -> Result<_, ConversionError> {
+            let empty_endpoints = status.endpoints.as_ref() == Some(&v1::Endpoints::default());
+            let endpoints = status.endpoints.unwrap_or_default();
+            let extras = StatusExtras {
+                observed_generation: status.observed_generation,
+                ready_instances: status.ready_instances,
+                selector: status.selector,
+                current_primary: status.current_primary,
+                read_only_endpoint: endpoints.read_only,
+                credentials_secret: status.credentials_secret,
+                postgres_version: status.postgres_version,
+                initialized: status.initialized,
+                last_failover: status.last_failover,
+                last_switchover: status.last_switchover,
+                empty_endpoints,
+            };
+            keep(&mut metadata, STATUS_ANNOTATION, &extras)?;
+            Ok(v1alpha1::DatabaseClusterStatus {
+                phase: status.phase,
+                conditions: status.conditions,
+                endpoint: endpoints.read_write,
+                instances: status.instances,
+            })
+        })
+        .transpose()?;
     let mut converted = v1alpha1::DatabaseCluster::new(
         "",
         v1alpha1::DatabaseClusterSpec {
@@ -148,7 +154,7 @@ pub fn to_v1alpha1(cluster: v1::DatabaseCluster) -> v1alpha1::DatabaseCluster {
     );
     converted.metadata = metadata;
     converted.status = status;
-    converted
+    Ok(converted)
 }
 
 /// v1alpha1 → v1. Fields v1alpha1 has win over the annotation's copy: the
@@ -211,16 +217,23 @@ pub fn to_v1(cluster: v1alpha1::DatabaseCluster) -> Result<v1::DatabaseCluster, 
 }
 
 /// Writes `extras` into annotation `key` unless it is empty.
-fn keep<T: Serialize + Default + PartialEq>(metadata: &mut ObjectMeta, key: &str, extras: &T) {
+fn keep<T: Serialize + Default + PartialEq>(
+    metadata: &mut ObjectMeta,
+    key: &str,
+    extras: &T,
+) -> Result<(), ConversionError> {
     if *extras == T::default() {
-        return;
+        return Ok(());
     }
-    if let Ok(json) = serde_json::to_string(extras) {
-        metadata
-            .annotations
-            .get_or_insert_with(Default::default)
-            .insert(key.to_owned(), json);
-    }
+    // A field that cannot be kept fails the conversion: dropping it would
+    // lose it on the next write through the old version.
+    let json = serde_json::to_string(extras)
+        .map_err(|e| ConversionError::Unkeepable(key.to_owned(), e))?;
+    metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(key.to_owned(), json);
+    Ok(())
 }
 
 /// Removes annotation `key` and parses it (empty if absent).
@@ -253,7 +266,7 @@ pub fn convert(object: Value, desired_api_version: &str) -> Result<Value, Conver
     }
     let converted = match (from.as_str(), desired_api_version) {
         (V1ALPHA1, V1) => serde_json::to_value(to_v1(serde_json::from_value(object)?)?)?,
-        (V1, V1ALPHA1) => serde_json::to_value(to_v1alpha1(serde_json::from_value(object)?))?,
+        (V1, V1ALPHA1) => serde_json::to_value(to_v1alpha1(serde_json::from_value(object)?)?)?,
         (V1 | V1ALPHA1, other) => return Err(ConversionError::UnknownVersion(other.to_owned())),
         (other, _) => return Err(ConversionError::UnknownVersion(other.to_owned())),
     };

@@ -41,7 +41,7 @@ async fn main() -> ExitCode {
         }
     };
     let webhook = match manager
-        .serve_webhook(webhook::router(), &[webhook::CRD])
+        .serve_webhook(webhook::router(manager.metrics.clone()), &[webhook::CRD])
         .await
     {
         Ok(server) => server,
@@ -97,12 +97,13 @@ async fn main() -> ExitCode {
         decisions: Default::default(),
     });
     let cluster_store = clusters.store();
-    let store = cluster_store.clone();
+    let (store, housekeeping) = (cluster_store.clone(), context.clone());
     tokio::spawn(async move {
         let mut every = tokio::time::interval(std::time::Duration::from_secs(10));
         loop {
             every.tick().await;
             metrics.refresh(&store.state());
+            housekeeping.forget_missing(&store);
         }
     });
     let controller =

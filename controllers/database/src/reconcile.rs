@@ -57,6 +57,29 @@ pub struct Context {
     pub decisions: Decisions,
 }
 
+impl Context {
+    /// Drops what this process remembers of clusters that are gone, so memory
+    /// stays bounded however many clusters come and go.
+    pub fn forget_missing(&self, clusters: &Store<DatabaseCluster>) {
+        let exists = |key: &String| {
+            key.split_once('/').is_some_and(|(namespace, name)| {
+                clusters
+                    .get(&ObjectRef::new(name).within(namespace))
+                    .is_some()
+            })
+        };
+        self.not_serving_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|key, _| exists(key));
+        self.decisions
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|key, _| exists(key));
+    }
+}
+
 /// The decisions (primary, failover, switchover) this process recorded and
 /// its cache of clusters has not shown yet, by `namespace/name`. A
 /// reconcile of an older copy would undo them: relabel the old primary, or

@@ -36,6 +36,8 @@ struct HealthState {
     watch_failing_since: Option<Instant>,
     /// The latest watch failure.
     last_watch_failure: Option<Instant>,
+    /// Why the process cannot work any more (a restart is the remedy).
+    broken: Option<String>,
 }
 
 impl Health {
@@ -45,6 +47,7 @@ impl Health {
                 ready: false,
                 watch_failing_since: None,
                 last_watch_failure: None,
+                broken: None,
             })),
             watch_failure_limit,
             quiet_after_recovery: WATCH_QUIET_AFTER_RECOVERY,
@@ -79,9 +82,18 @@ impl Health {
         });
     }
 
+    /// Something the process needs stopped for good: `/livez` fails from now
+    /// on, so the kubelet restarts it.
+    pub fn broken(&self, reason: String) {
+        self.update(|s| s.broken = Some(reason));
+    }
+
     /// Whether the process is healthy, with a reason if not: unhealthy while
-    /// watches have kept failing for longer than the limit.
+    /// watches have kept failing for longer than the limit, or once broken.
     pub fn live(&self) -> Result<(), String> {
+        if let Some(reason) = self.read(|s| s.broken.clone()) {
+            return Err(reason);
+        }
         let (since, last) = self.read(|s| (s.watch_failing_since, s.last_watch_failure));
         let still_failing = last.is_some_and(|last| last.elapsed() <= self.quiet_after_recovery);
         match since {

@@ -32,7 +32,7 @@ where
     K::DynamicType: Default,
 {
     if let Some(current) = current {
-        match difference(&to_value(current), &to_value(desired)) {
+        match difference(&to_value(current)?, &to_value(desired)?) {
             None => return Ok((current.clone(), Outcome::Unchanged)),
             // Says why a write happened: a field that never settles (a
             // default the server fills in differently) shows up here.
@@ -54,13 +54,14 @@ where
     Ok((applied, Outcome::Applied))
 }
 
-fn to_value(object: &impl Serialize) -> Value {
-    serde_json::to_value(object).unwrap_or(Value::Null)
+fn to_value(object: &impl Serialize) -> Result<Value, kube::Error> {
+    serde_json::to_value(object).map_err(kube::Error::SerdeError)
 }
 
 /// Whether `actual` has every field `desired` sets, with the same value.
 /// Objects may have more keys; lists must match element by element. Status
-/// and server-set metadata are not compared.
+/// and server-set metadata are not compared; a field desired null, `{}` or
+/// `[]` may be absent (the API server drops empty values).
 pub fn contains(actual: &Value, desired: &Value) -> bool {
     difference(actual, desired).is_none()
 }
@@ -76,7 +77,7 @@ pub fn difference(actual: &Value, desired: &Value) -> Option<String> {
                 }
                 match actual.get(key) {
                     Some(found) => difference(found, value).map(|path| format!(".{key}{path}")),
-                    None if value.is_null() => None,
+                    None if is_empty(value) => None,
                     None => Some(format!(".{key}")),
                 }
             })
@@ -93,6 +94,15 @@ pub fn difference(actual: &Value, desired: &Value) -> Option<String> {
         }
         (actual, desired) if actual == desired => None,
         _ => Some(String::new()),
+    }
+}
+
+fn is_empty(value: &Value) -> bool {
+    match value {
+        Value::Null => true,
+        Value::Object(map) => map.is_empty(),
+        Value::Array(list) => list.is_empty(),
+        _ => false,
     }
 }
 
@@ -124,6 +134,14 @@ mod tests {
         );
         assert!(contains(&actual, &json!({"list": [{"a": 1}, {"a": 2}]})));
         assert!(contains(&actual, &json!({"status": {"ignored": true}})));
+        assert!(
+            contains(
+                &actual,
+                &json!({"data": {"k": "v"}, "empty": {}, "none": [], "null": null})
+            ),
+            "the API server drops empty values"
+        );
+        assert!(!contains(&actual, &json!({"data": {}, "missing": ""})));
         assert_eq!(
             difference(&actual, &json!({"list": [{"a": 1}, {"a": 3}]})).as_deref(),
             Some(".list[1].a")

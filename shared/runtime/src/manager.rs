@@ -36,7 +36,7 @@ use crate::certs;
 use crate::config::Config;
 use crate::errors::{Backoff, ErrorClass};
 use crate::leader::{self, Sureness, Timing};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, RuntimeError};
 use crate::telemetry::{self, Telemetry};
 use crate::webhook::{self, WebhookServer};
 
@@ -93,7 +93,13 @@ pub trait Classify {
 pub struct Manager {
     pub info: BuildInfo,
     pub config: Config,
+    /// The controller's client: its writes are refused unless this replica is
+    /// sure it leads (see [`leader::WritesWhileSure`]).
     pub client: Client,
+    /// For what every replica writes: the Lease, the webhook certificates.
+    unguarded: Client,
+    /// Whether this replica surely leads, once it competes for the lease.
+    leading: Arc<OnceLock<Sureness>>,
     pub metrics: Metrics,
     pub health: Health,
     /// This replica's name in the lease (the pod name).
@@ -132,7 +138,16 @@ impl Manager {
                 std::process::id()
             )
         });
-        let client = Client::try_default().await?;
+        let kube_config = kube::Config::infer()
+            .await
+            .map_err(kube::Error::InferConfig)?;
+        let unguarded = Client::try_from(kube_config.clone())?;
+        let leading = Arc::new(OnceLock::new());
+        let client = kube::client::ClientBuilder::try_from(kube_config)?
+            .with_layer(&tower::filter::FilterLayer::new(leader::WritesWhileSure(
+                leading.clone(),
+            )))
+            .build();
         let metrics = Metrics::new(info.controller, info.version, info.git_commit)?;
         let health = Health::new(Duration::from_secs(config.watch_failure_limit_seconds));
         let listener = tokio::net::TcpListener::bind(config.admin_address)
@@ -163,6 +178,8 @@ impl Manager {
             info,
             config,
             client,
+            unguarded,
+            leading,
             metrics,
             health,
             identity,
@@ -196,7 +213,7 @@ impl Manager {
                     .map_err(webhook_error)?;
                 // A cert-manager Secret carries its CA: the API server must trust it.
                 if let Ok(ca) = std::fs::read_to_string(dir.join("ca.crt")) {
-                    certs::inject_ca_bundle(self.client.clone(), crds, &ca)
+                    certs::inject_ca_bundle(self.unguarded.clone(), crds, &ca)
                         .await
                         .map_err(certs::CertError::from)?;
                 }
@@ -213,9 +230,9 @@ impl Manager {
                     .webhook_service
                     .as_deref()
                     .unwrap_or(&default_host);
-                let pair =
-                    certs::ensure(self.client.clone(), &self.namespace, &secret, &[host]).await?;
-                certs::inject_ca_bundle(self.client.clone(), crds, &pair.ca)
+                let pair = certs::ensure(self.unguarded.clone(), &self.namespace, &secret, &[host])
+                    .await?;
+                certs::inject_ca_bundle(self.unguarded.clone(), crds, &pair.ca)
                     .await
                     .map_err(certs::CertError::from)?;
                 webhook::start_with_pem(address, router, &pair.cert, &pair.key)
@@ -250,12 +267,14 @@ impl Manager {
             .subscribe()
             .expect("a shared store always has a subscription");
         // Shared subscriptions carry no deletions; controllers must see them
-        // (a deleted child is recreated), so the watch forwards them.
+        // (a deleted child is recreated, per-object state is forgotten), so
+        // the watch forwards them, and those a relist reveals.
         let (deleted, deletions) = tokio::sync::mpsc::unbounded_channel::<Arc<K>>();
         let kind = K::kind(&()).into_owned();
         let gauge = self.metrics.objects_in_cache.with_label_values(&[&kind]);
         let health = self.health.clone();
         let counted = store.clone();
+        let mut before_relist: Option<Vec<Arc<K>>> = None;
         let reflect = watcher(api, watch)
             .default_backoff()
             .reflect_shared(writer)
@@ -263,8 +282,21 @@ impl Manager {
                 match event {
                     Ok(event) => {
                         health.watch_ok();
-                        if let watcher::Event::Delete(object) = event {
-                            let _ = deleted.send(Arc::new(object));
+                        match event {
+                            watcher::Event::Delete(object) => {
+                                let _ = deleted.send(Arc::new(object));
+                            }
+                            // The store keeps its old content until the relist is
+                            // done: what the relist lacks was deleted meanwhile.
+                            watcher::Event::Init => before_relist = Some(counted.state()),
+                            watcher::Event::InitDone => {
+                                for object in before_relist.take().unwrap_or_default() {
+                                    if counted.get(&ObjectRef::from_obj(&*object)).is_none() {
+                                        let _ = deleted.send(object);
+                                    }
+                                }
+                            }
+                            watcher::Event::Apply(_) | watcher::Event::InitApply(_) => {}
                         }
                     }
                     Err(e) => {
@@ -277,9 +309,12 @@ impl Manager {
             });
         tokio::spawn(reflect);
         let deletions = futures::stream::unfold(deletions, |mut receiver| async move {
-            receiver.recv().await.map(|object| (object, receiver))
+            receiver
+                .recv()
+                .await
+                .map(|object| (Change::Deleted(object), receiver))
         });
-        let changes = futures::stream::select(subscription, deletions).boxed();
+        let changes = futures::stream::select(subscription.map(Change::Applied), deletions).boxed();
         let synced = store.clone();
         self.caches_synced.push(
             async move {
@@ -287,7 +322,7 @@ impl Manager {
             }
             .boxed(),
         );
-        Cache::new(store, changes)
+        Cache::new(store, changes, self.health.clone(), self.metrics.clone())
     }
 
     /// Runs `controller` while this replica leads, with `reconcile` wrapped in
@@ -308,7 +343,7 @@ impl Manager {
     {
         // Streams are lazy: nothing of this runs (and the caches keep being
         // drained) until `lead` polls it, as the leader.
-        let leading = Arc::new(OnceLock::new());
+        let leading = self.leading.clone();
         let reconciler = Arc::new(Instrumented::new(
             reconcile,
             context,
@@ -317,6 +352,7 @@ impl Manager {
             Duration::from_secs(self.config.resync_seconds),
             leading.clone(),
         ));
+        let forgetting = forget_deleted(reconciler.clone(), controller.store());
         let terminate = self.terminate.clone();
         let running = controller
             .with_config(
@@ -336,7 +372,8 @@ impl Manager {
                 reconciler,
             )
             .for_each(|_| std::future::ready(()));
-        let code = self.lead(running.boxed(), leading).await;
+        let code = self.lead(running.boxed()).await;
+        forgetting.abort();
         let _ = self.stop_admin.send(());
         let _ = self.admin.await;
         self.telemetry.shutdown();
@@ -345,11 +382,7 @@ impl Manager {
 
     /// Waits for the caches and the lease, then drives `running` (the
     /// controller) until SIGTERM and its grace period, or the lease's loss.
-    async fn lead(
-        &mut self,
-        running: BoxFuture<'static, ()>,
-        leading: Arc<OnceLock<Sureness>>,
-    ) -> ExitCode {
+    async fn lead(&mut self, running: BoxFuture<'static, ()>) -> ExitCode {
         let synced = futures::future::join_all(std::mem::take(&mut self.caches_synced));
         tokio::select! {
             _ = synced => {
@@ -360,14 +393,14 @@ impl Manager {
         }
         let lease = self.config.lease_name(self.info.controller);
         let mut candidacy = leader::run_for(
-            self.client.clone(),
+            self.unguarded.clone(),
             &self.namespace,
             &lease,
             &self.identity,
             Timing::default(),
             self.metrics.clone(),
         );
-        let _ = leading.set(candidacy.sureness());
+        let _ = self.leading.set(candidacy.sureness());
         tokio::select! {
             acquired = candidacy.acquired() => if let Err(e) = acquired {
                 tracing::error!(error = %e, "leader election stopped");
@@ -412,6 +445,24 @@ where
 {
     store: Store<K>,
     subscription: SubscriptionGate<K>,
+    health: Health,
+    metrics: Metrics,
+}
+
+/// What a cache saw happen to one object.
+enum Change<K> {
+    /// Created or changed: the object as it is now.
+    Applied(Arc<K>),
+    /// Deleted: the object as it was last seen.
+    Deleted(Arc<K>),
+}
+
+impl<K> Change<K> {
+    fn object(self) -> Arc<K> {
+        match self {
+            Self::Applied(object) | Self::Deleted(object) => object,
+        }
+    }
 }
 
 /// Until a controller polls the subscription (this replica leads), a task
@@ -421,14 +472,19 @@ where
     K: Resource<DynamicType = ()> + Clone + 'static,
 {
     stop_draining: oneshot::Sender<()>,
-    drained: JoinHandle<BoxStream<'static, Arc<K>>>,
+    drained: JoinHandle<BoxStream<'static, Change<K>>>,
 }
 
 impl<K> Cache<K>
 where
     K: Resource<DynamicType = ()> + Clone + Debug + Send + Sync + 'static,
 {
-    fn new(store: Store<K>, mut subscription: BoxStream<'static, Arc<K>>) -> Self {
+    fn new(
+        store: Store<K>,
+        mut subscription: BoxStream<'static, Change<K>>,
+        health: Health,
+        metrics: Metrics,
+    ) -> Self {
         let (stop_draining, mut stop) = oneshot::channel();
         let drained = tokio::spawn(async move {
             loop {
@@ -444,6 +500,8 @@ where
                 stop_draining,
                 drained,
             },
+            health,
+            metrics,
         }
     }
 
@@ -454,31 +512,54 @@ where
 
     /// Every change of the cached objects, from the moment it is polled.
     pub fn trigger(self) -> impl Stream<Item = Arc<K>> + Send + 'static {
-        let SubscriptionGate {
-            stop_draining,
-            drained,
-        } = self.subscription;
-        async move {
-            let _ = stop_draining.send(());
-            match drained.await {
-                Ok(subscription) => subscription.left_stream(),
-                Err(_) => futures::stream::empty().right_stream(),
-            }
-        }
-        .flatten_stream()
+        self.changes().map(Change::object)
     }
 
     /// Like [`Cache::trigger`], but only when an object's `metadata.generation`
     /// changes (its spec, not its status: a controller's own status writes do
-    /// not wake it again). For kinds with a status subresource.
+    /// not wake it again), or it is deleted. For kinds with a status
+    /// subresource. What it remembers of an object goes with the object.
     pub fn trigger_on_spec_change(self) -> impl Stream<Item = Arc<K>> + Send + 'static {
         let mut seen: HashMap<String, Option<i64>> = HashMap::new();
-        self.trigger().filter(move |object| {
-            let meta = object.meta();
-            let key = meta.uid.clone().unwrap_or_default();
-            let changed = seen.insert(key, meta.generation) != Some(meta.generation);
-            std::future::ready(changed)
+        self.changes().filter_map(move |change| {
+            let passed = match change {
+                Change::Applied(object) => {
+                    let meta = object.meta();
+                    let key = meta.uid.clone().unwrap_or_default();
+                    let changed = seen.insert(key, meta.generation) != Some(meta.generation);
+                    changed.then_some(object)
+                }
+                Change::Deleted(object) => {
+                    seen.remove(object.meta().uid.as_deref().unwrap_or_default());
+                    Some(object)
+                }
+            };
+            std::future::ready(passed)
         })
+    }
+
+    fn changes(self) -> impl Stream<Item = Change<K>> + Send + 'static {
+        let SubscriptionGate {
+            stop_draining,
+            drained,
+        } = self.subscription;
+        let (health, metrics) = (self.health, self.metrics);
+        async move {
+            let _ = stop_draining.send(());
+            match drained.await {
+                Ok(subscription) => subscription.left_stream(),
+                Err(e) => {
+                    // No change would ever reach the controller: fail
+                    // liveness so the kubelet restarts the process.
+                    let kind = K::kind(&());
+                    tracing::error!(%kind, error = %e, "the task draining a cache ended");
+                    metrics.record_runtime_error(RuntimeError::CacheTaskEnded);
+                    health.broken(format!("the task draining the {kind} cache ended: {e}"));
+                    futures::stream::empty().right_stream()
+                }
+            }
+        }
+        .flatten_stream()
     }
 }
 
@@ -604,9 +685,49 @@ impl<F, Ctx> Instrumented<F, Ctx> {
         }
     }
 
+    /// Forgets the failures of objects `store` no longer holds.
+    fn forget_missing<K>(&self, store: &Store<K>)
+    where
+        K: Resource<DynamicType = ()> + Clone,
+    {
+        let mut failures = self.lock_failures();
+        if failures.is_empty() {
+            return;
+        }
+        let present: std::collections::HashSet<String> = store
+            .state()
+            .iter()
+            .map(|object| ObjectRef::from_obj(&**object).to_string())
+            .collect();
+        failures.retain(|reference, _| present.contains(reference));
+    }
+
     fn lock_failures(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
         self.failures.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// How often per-object state of deleted objects is dropped.
+const FORGET_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Drops the backoff state of objects no longer in `store` (deleted while
+/// failing), so memory stays bounded however many objects come and go.
+fn forget_deleted<F, Ctx, K>(
+    instrumented: Arc<Instrumented<F, Ctx>>,
+    store: Store<K>,
+) -> JoinHandle<()>
+where
+    F: Send + Sync + 'static,
+    Ctx: Send + Sync + 'static,
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(FORGET_INTERVAL);
+        loop {
+            every.tick().await;
+            instrumented.forget_missing(&store);
+        }
+    })
 }
 
 /// Logs carry the trace id when traces are exported.
@@ -713,6 +834,21 @@ mod tests {
             .retry_delay("ns/b".into(), ErrorClass::Transient)
             .expect("retried");
         assert!(other <= Duration::from_secs(5), "{other:?}");
+    }
+
+    #[test]
+    fn failures_of_deleted_objects_are_forgotten() {
+        let instrumented = instrumented();
+        let (store, mut writer) = reflector::store::<k8s_openapi::api::core::v1::ConfigMap>();
+        let kept = config_map("kept");
+        writer.apply_watcher_event(&watcher::Event::Apply((*kept).clone()));
+        instrumented.error_policy(kept, &Failure(ErrorClass::Transient));
+        instrumented.error_policy(config_map("deleted"), &Failure(ErrorClass::Transient));
+        assert_eq!(instrumented.lock_failures().len(), 2);
+        instrumented.forget_missing(&store);
+        let left: Vec<String> = instrumented.lock_failures().keys().cloned().collect();
+        assert_eq!(left.len(), 1);
+        assert!(left[0].contains("kept"), "{left:?}");
     }
 
     #[tokio::test]

@@ -11,6 +11,31 @@ use prometheus::{
 
 use crate::errors::ErrorClass;
 
+/// A failure outside a reconcile: the `reason` label of
+/// `cairn_runtime_errors_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuntimeError {
+    /// The task draining a cache for a standby ended: no change reaches the
+    /// controller any more.
+    CacheTaskEnded,
+    /// An object could not be serialised to compare or send it.
+    Serialization,
+    /// A conversion between API versions could not carry a field.
+    Conversion,
+}
+
+impl RuntimeError {
+    pub const ALL: [Self; 3] = [Self::CacheTaskEnded, Self::Serialization, Self::Conversion];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::CacheTaskEnded => "cache_task_ended",
+            Self::Serialization => "serialization",
+            Self::Conversion => "conversion",
+        }
+    }
+}
+
 /// The standard metrics, registered in [`Metrics::registry`], where a
 /// controller registers its own domain metrics too.
 #[derive(Clone)]
@@ -32,6 +57,8 @@ pub struct Metrics {
     pub leader: IntGauge,
     /// `cairn_lease_transitions_total`: times this replica gained or lost the lease.
     pub lease_transitions: IntCounter,
+    /// `cairn_runtime_errors_total{reason}`: failures outside a reconcile.
+    pub runtime_errors: IntCounterVec,
 }
 
 impl Metrics {
@@ -79,9 +106,19 @@ impl Metrics {
                 "lease_transitions_total",
                 "Times this replica gained or lost the leader lease.",
             )?,
+            runtime_errors: IntCounterVec::new(
+                Opts::new(
+                    "runtime_errors_total",
+                    "Failures outside a reconcile, by reason.",
+                ),
+                &["reason"],
+            )?,
             registry,
             process_registry,
         };
+        for reason in RuntimeError::ALL {
+            metrics.runtime_errors.with_label_values(&[reason.label()]);
+        }
         let build_info = IntGaugeVec::new(
             Opts::new(
                 "build_info",
@@ -98,6 +135,7 @@ impl Metrics {
         r.register(Box::new(metrics.objects_in_cache.clone()))?;
         r.register(Box::new(metrics.leader.clone()))?;
         r.register(Box::new(metrics.lease_transitions.clone()))?;
+        r.register(Box::new(metrics.runtime_errors.clone()))?;
         r.register(Box::new(build_info))?;
         #[cfg(target_os = "linux")]
         metrics.process_registry.register(Box::new(
@@ -110,6 +148,13 @@ impl Metrics {
     pub fn record_error(&self, kind: &str, class: ErrorClass) {
         self.reconcile_errors
             .with_label_values(&[kind, class.label()])
+            .inc();
+    }
+
+    /// Records a failure outside a reconcile.
+    pub fn record_runtime_error(&self, error: RuntimeError) {
+        self.runtime_errors
+            .with_label_values(&[error.label()])
             .inc();
     }
 
