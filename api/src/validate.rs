@@ -246,6 +246,59 @@ pub fn parse_quantity(quantity: &str) -> Option<i128> {
     Some(if negative { -value } else { value })
 }
 
+/// A quantity in the form the API server stores it ("0.5" → "500m",
+/// "1024Mi" → "1Gi", "1000" → "1k"), so a controller that compares what it
+/// wants with what the server holds sees no change where there is none.
+/// Follows `resource.Quantity`'s canonical form: the suffix family the user
+/// chose (binary, decimal, exponent) is kept, a binary value that is not a
+/// whole number of units or is under 1024 falls back to decimal.
+pub fn canonical_quantity(quantity: &str) -> Option<String> {
+    const NANOS: i128 = 1_000_000_000;
+    let value = parse_quantity(quantity)?;
+    if value == 0 {
+        return Some("0".to_owned());
+    }
+    let suffix = quantity.trim_start_matches(|c: char| c.is_ascii_digit() || ".+-".contains(c));
+    let binary = suffix.ends_with('i');
+    let exponent_form = suffix.len() > 1 && suffix.starts_with(['e', 'E']);
+    if binary && value.abs() >= 1024 * NANOS && value % NANOS == 0 {
+        let (mut units, mut power) = (value / NANOS, 0);
+        while units % 1024 == 0 && power < 6 {
+            units /= 1024;
+            power += 1;
+        }
+        let suffix = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"][power];
+        return Some(format!("{units}{suffix}"));
+    }
+    // mantissa × 10^exponent, trailing zeros moved into the exponent, then
+    // the exponent lowered to a multiple of three.
+    let (mut mantissa, mut exponent) = (value, -9i32);
+    while mantissa % 10 == 0 {
+        mantissa /= 10;
+        exponent += 1;
+    }
+    match exponent.rem_euclid(3) {
+        1 => (mantissa, exponent) = (mantissa * 10, exponent - 1),
+        2 => (mantissa, exponent) = (mantissa * 100, exponent - 2),
+        _ => {}
+    }
+    let suffix = match (exponent_form, exponent) {
+        (_, 0) => String::new(),
+        (true, e) => format!("e{e}"),
+        (false, -9) => "n".into(),
+        (false, -6) => "u".into(),
+        (false, -3) => "m".into(),
+        (false, 3) => "k".into(),
+        (false, 6) => "M".into(),
+        (false, 9) => "G".into(),
+        (false, 12) => "T".into(),
+        (false, 15) => "P".into(),
+        (false, 18) => "E".into(),
+        (false, e) => format!("e{e}"),
+    };
+    Some(format!("{mantissa}{suffix}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -253,6 +306,39 @@ mod tests {
 
     fn from<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> T {
         serde_json::from_value(value).expect("valid test spec")
+    }
+
+    #[test]
+    fn quantities_take_the_form_the_api_server_stores() {
+        for (written, stored) in [
+            ("0.5", "500m"),
+            ("500m", "500m"),
+            ("1", "1"),
+            ("1000", "1k"),
+            ("1500", "1500"),
+            ("2000m", "2"),
+            ("1.5", "1500m"),
+            ("1024Mi", "1Gi"),
+            ("1Gi", "1Gi"),
+            ("1536Mi", "1536Mi"),
+            ("1.5Gi", "1536Mi"),
+            ("0.5Ki", "512"),
+            ("1000Ki", "1000Ki"),
+            ("100M", "100M"),
+            ("1G", "1G"),
+            ("1e3", "1e3"),
+            ("1e2", "100"),
+            ("0", "0"),
+            ("0Gi", "0"),
+            ("0.1n", "1n"),
+        ] {
+            assert_eq!(
+                canonical_quantity(written).as_deref(),
+                Some(stored),
+                "{written}"
+            );
+        }
+        assert_eq!(canonical_quantity("lots"), None);
     }
 
     #[test]

@@ -12,8 +12,8 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
     ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
     HTTPGetAction, ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec,
-    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile, Secret,
-    SecretVolumeSource, SecurityContext, Service, ServiceAccount, ServicePort, ServiceSpec,
+    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile,
+    Secret, SecretVolumeSource, SecurityContext, Service, ServiceAccount, ServicePort, ServiceSpec,
     TopologySpreadConstraint, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
@@ -546,7 +546,7 @@ fn data_claim(cluster: &DatabaseCluster) -> PersistentVolumeClaim {
             resources: Some(VolumeResourceRequirements {
                 requests: Some(BTreeMap::from([(
                     "storage".to_owned(),
-                    Quantity(cluster.spec.storage.size.clone()),
+                    canonical(&Quantity(cluster.spec.storage.size.clone())),
                 )])),
                 ..VolumeResourceRequirements::default()
             }),
@@ -645,7 +645,7 @@ fn instance_container(cluster: &DatabaseCluster) -> Container {
         ]),
         readiness_probe: Some(probe("/readyz")),
         liveness_probe: Some(probe("/livez")),
-        resources: cluster.spec.resources.clone(),
+        resources: cluster.spec.resources.as_ref().map(canonical_resources),
         security_context: Some(SecurityContext {
             allow_privilege_escalation: Some(false),
             read_only_root_filesystem: Some(true),
@@ -703,6 +703,30 @@ fn volumes(names: &Names) -> Vec<Volume> {
         empty("run"),
         empty("tmp"),
     ]
+}
+
+/// A quantity as the API server stores it ("0.5" → "500m"), so a converged
+/// child compares equal whatever notation the user wrote. An invalid one is
+/// kept as written: validation reports it.
+fn canonical(quantity: &Quantity) -> Quantity {
+    Quantity(
+        cairn_api::validate::canonical_quantity(&quantity.0).unwrap_or_else(|| quantity.0.clone()),
+    )
+}
+
+fn canonical_resources(resources: &ResourceRequirements) -> ResourceRequirements {
+    let canonical_all = |quantities: &Option<BTreeMap<String, Quantity>>| {
+        quantities.as_ref().map(|q| {
+            q.iter()
+                .map(|(name, quantity)| (name.clone(), canonical(quantity)))
+                .collect()
+        })
+    };
+    ResourceRequirements {
+        limits: canonical_all(&resources.limits),
+        requests: canonical_all(&resources.requests),
+        ..resources.clone()
+    }
 }
 
 #[cfg(test)]
