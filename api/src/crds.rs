@@ -131,10 +131,10 @@ pub fn chart_path(chart: &str, crd: &CustomResourceDefinition) -> PathBuf {
 }
 
 /// The committed text of a CRD.
-pub fn to_yaml(crd: &CustomResourceDefinition) -> Result<String, serde_yaml::Error> {
+pub fn to_yaml(crd: &CustomResourceDefinition) -> Result<String, serde_yaml_ng::Error> {
     Ok(format!(
         "# Generated from the Rust types in api/ by `cargo run -p cairn-api --bin crdgen`; do not edit.\n{}",
-        serde_yaml::to_string(crd)?
+        serde_yaml_ng::to_string(crd)?
     ))
 }
 

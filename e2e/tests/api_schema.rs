@@ -24,7 +24,7 @@ fn samples() -> BTreeMap<String, Value> {
     for entry in std::fs::read_dir(&dir).expect("config/samples exists") {
         let path = entry.expect("readable folder").path();
         let text = std::fs::read_to_string(&path).expect("readable sample");
-        let sample: Value = serde_yaml::from_str(&text).expect("sample is YAML");
+        let sample: Value = serde_yaml_ng::from_str(&text).expect("sample is YAML");
         let kind = sample["kind"]
             .as_str()
             .expect("sample has a kind")

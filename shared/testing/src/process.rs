@@ -40,7 +40,7 @@ impl LocalCluster {
                 ]);
             }
         }
-        let yaml = serde_yaml::to_string(&kubeconfig)
+        let yaml = serde_yaml_ng::to_string(&kubeconfig)
             .map_err(|e| Error::Setup(format!("kubeconfig for {namespace}/{name}: {e}")))?;
         let dir = self.state_dir().join("kubeconfigs");
         std::fs::create_dir_all(&dir)
