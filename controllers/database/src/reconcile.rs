@@ -395,6 +395,8 @@ async fn promote(
     record: &FailoverRecord,
 ) -> Result<bool, Error> {
     let namespace = cluster.namespace().unwrap_or_default();
+    // Read, not cached: the last look before a promotion must not be a
+    // cache a heartbeat has not reached yet.
     let leases = Api::<Lease>::namespaced(ctx.client.clone(), &namespace);
     if let Some(lease) = leases.get_opt(&record.from).await? {
         let fresh = Member::from_lease(&lease);
@@ -735,6 +737,8 @@ async fn grow_storage(ctx: &Context, cluster: &DatabaseCluster) -> Result<Option
         .into_iter()
         .filter(|claim| requested_storage(claim).is_some_and(|size| size < wanted))
         .collect();
+    // Read, not cached: only a pending growth gets here, and a cluster-wide
+    // StorageClass cache would cost every replica memory for this rare read.
     let classes = Api::<StorageClass>::all(ctx.client.clone());
     let claims = Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), &namespace);
     for claim in small {

@@ -172,8 +172,9 @@ pub fn invalid(cluster: &DatabaseCluster, message: &str, now: &Time) -> Database
 }
 
 /// Marks a requested storage growth the StorageClass `class` cannot do:
-/// `Progressing=False` with the reason, until the size is set back or the
-/// class allows expansion.
+/// `Progressing=False` with the reason, until the class allows expansion.
+/// The size cannot be set back (the schema lets it only grow, as claims
+/// do), so the message names the one way out the API allows.
 pub fn storage_not_expandable(
     status: &mut DatabaseClusterStatus,
     cluster: &DatabaseCluster,
@@ -187,7 +188,7 @@ pub fn storage_not_expandable(
             false,
             reason::STORAGE_EXPANSION_NOT_SUPPORTED,
             format!(
-                "spec.storage.size is {}, but StorageClass {class:?} does not allow volume expansion: the volumes keep their size",
+                "spec.storage.size is {}, but StorageClass {class:?} does not allow volume expansion: the volumes keep their size until it does (if its provisioner can expand volumes: kubectl patch storageclass {class} -p '{{\"allowVolumeExpansion\":true}}')",
                 cluster.spec.storage.size
             ),
             cluster.metadata.generation,
