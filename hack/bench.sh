@@ -6,6 +6,9 @@
 #   hack/bench.sh database-clusters [N]   N single-instance DatabaseClusters
 #                                         (default 100): time to Ready, requests
 #                                         per cluster, peak RSS, idle writes
+#   hack/bench.sh churn [N]               N clusters (default 2000) created and
+#                                         deleted 200 at a time: the
+#                                         controller's RSS before and after
 #   hack/bench.sh instance [SCALE]        cairn-instance with real PostgreSQL
 #                                         (pgbench scale, default 10): base
 #                                         backup, replica lag under pgbench,
@@ -23,12 +26,13 @@ cd "$CAIRN_ROOT"
 bench=${1:-}
 case "$bench" in
   database-clusters) count=${2:-100} ;;
+  churn) count=${2:-2000} ;;
   instance)
     CAIRN_POSTGRES_BINDIR=$(hack/postgres.sh)
     export CAIRN_POSTGRES_BINDIR
     exec cargo bench --locked -p cairn-instance --bench instance -- "${2:-10}" ;;
   failover) count=${2:-10} ;;
-  *) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
 
 if [[ $bench == failover ]]; then
@@ -47,4 +51,5 @@ trap 'hack/local-cluster.sh down "$STATE"; rmdir "$(dirname "$STATE")" 2>/dev/nu
 hack/local-cluster.sh up "$STATE"
 CAIRN_CLUSTER_STATE=$STATE \
   CAIRN_DATABASE_CONTROLLER=$CARGO_TARGET_DIR/release/cairn-database-controller \
-  cargo bench --locked -p cairn-e2e --bench database_clusters -- "$count"
+  cargo bench --locked -p cairn-e2e --bench database_clusters -- "$count" \
+  $([[ $bench == churn ]] && echo churn)

@@ -6,6 +6,12 @@
 //!
 //!   hack/bench.sh database-clusters 100
 //!
+//! With `churn TOTAL`, it creates and deletes TOTAL clusters in batches of
+//! 200 (each batch Ready, then deleted and its children collected) and
+//! prints the controller's RSS before and after the churn:
+//!
+//!   hack/bench.sh churn 2000
+//!
 //! (builds the release binary, starts a fresh local cluster, runs this with
 //! CAIRN_DATABASE_CONTROLLER and CAIRN_CLUSTER_STATE set, stops the cluster).
 
@@ -15,10 +21,14 @@ use std::time::{Duration, Instant};
 
 use cairn_api::database::v1::{DatabaseCluster, DatabaseClusterSpec};
 use cairn_testing::process::ControllerProcess;
-use cairn_testing::{Error, audit, cluster, crds, wait};
+use std::ops::Range;
+
+use cairn_testing::{Error, TestNamespace, audit, cluster, crds, wait};
 use futures::{StreamExt, TryStreamExt};
-use kube::Client;
-use kube::api::{ListParams, PostParams};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, Client};
 
 const CHART: &str = "cairn-database-controller";
 
@@ -28,91 +38,19 @@ async fn main() -> Result<(), Error> {
         .skip(1)
         .find_map(|a| a.parse().ok())
         .unwrap_or(100);
-    let binary = PathBuf::from(std::env::var("CAIRN_DATABASE_CONTROLLER").map_err(|_| {
-        Error::Setup(
-            "set CAIRN_DATABASE_CONTROLLER to the controller binary (hack/bench.sh does)".into(),
-        )
-    })?);
+    if std::env::args().any(|a| a == "churn") {
+        return churn(count).await;
+    }
+    let (namespace, controller, user) = start_controller().await?;
     let local = cluster();
-    let namespace = local.namespace("bench").await?;
-    crds::install(&namespace.client, &cairn_api::crds::for_chart(CHART)).await?;
-    let account = local
-        .install_controller_rbac(CHART, "bench", &namespace.name)
-        .await?;
-    let user = format!("system:serviceaccount:{}:{account}", namespace.name);
-    let kubeconfig = local.service_account_kubeconfig(&namespace.name, &account)?;
-    let controller = ControllerProcess::start(
-        local,
-        &binary,
-        &format!("{}-controller", namespace.name),
-        &kubeconfig,
-        &[
-            ("CAIRN_NAMESPACES", namespace.name.as_str()),
-            ("CAIRN_LEASE_NAMESPACE", namespace.name.as_str()),
-            ("CAIRN_LOG_LEVEL", "info"),
-        ],
-    )?;
-    wait::until("controller ready", Duration::from_secs(60), || async {
-        match controller.get("/readyz").await {
-            Ok((200, _)) => Ok(Some(())),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await?;
     let requests_before = request_counts(&namespace.client).await?;
 
     let clusters = namespace.api::<DatabaseCluster>();
     let started = Instant::now();
-    futures::stream::iter(0..count)
-        .map(|i| {
-            let clusters = clusters.clone();
-            async move {
-                let spec: DatabaseClusterSpec = serde_json::from_value(serde_json::json!({
-                    "instances": 1, "postgres": {"version": "17"}, "storage": {"size": "1Gi"}
-                }))
-                .map_err(|e| Error::Setup(e.to_string()))?;
-                clusters
-                    .create(
-                        &PostParams::default(),
-                        &DatabaseCluster::new(&format!("db-{i:04}"), spec),
-                    )
-                    .await
-                    .map(drop)
-                    .map_err(Error::from)
-            }
-        })
-        .buffer_unordered(16)
-        .try_collect::<Vec<()>>()
-        .await?;
+    create(&clusters, 0..count).await?;
     let created = started.elapsed();
-    wait::until(
-        &format!("{count} clusters Ready"),
-        Duration::from_secs(3600),
-        || async {
-            let list = clusters
-                .list(&ListParams::default())
-                .await
-                .map_err(|e| e.to_string())?;
-            let ready = list
-                .items
-                .iter()
-                .filter(|c| wait::condition_status(c, "Ready").as_deref() == Some("True"))
-                .count();
-            if ready == count {
-                return Ok(Some(()));
-            }
-            eprint!(
-                "\r{ready}/{count} Ready after {} s   ",
-                started.elapsed().as_secs()
-            );
-            // Listing every cluster is load on the API server too: not too often.
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            Ok(None)
-        },
-    )
-    .await?;
+    until_ready(&clusters, count, started).await?;
     let all_ready = started.elapsed();
-    eprintln!();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let writes = audit::write_requests(&local.audit_log())?;
     let controller_writes: Vec<_> = writes
@@ -120,7 +58,7 @@ async fn main() -> Result<(), Error> {
         .filter(|w| w.user == user && w.namespace.as_deref() == Some(namespace.name.as_str()))
         .collect();
     let requests_after = request_counts(&namespace.client).await?;
-    let peak_rss = peak_rss_kib(&controller);
+    let peak_rss = rss_kib(&controller, "VmHWM:");
 
     let idle_from = controller_writes.len();
     tokio::time::sleep(Duration::from_secs(60)).await;
@@ -172,6 +110,202 @@ async fn main() -> Result<(), Error> {
     Ok(())
 }
 
+/// The controller as a process with its chart's RBAC, watching a fresh
+/// namespace; returns the namespace, the process and its user name.
+async fn start_controller() -> Result<(TestNamespace, ControllerProcess, String), Error> {
+    let binary = PathBuf::from(std::env::var("CAIRN_DATABASE_CONTROLLER").map_err(|_| {
+        Error::Setup(
+            "set CAIRN_DATABASE_CONTROLLER to the controller binary (hack/bench.sh does)".into(),
+        )
+    })?);
+    let local = cluster();
+    let namespace = local.namespace("bench").await?;
+    crds::install(&namespace.client, &cairn_api::crds::for_chart(CHART)).await?;
+    let account = local
+        .install_controller_rbac(CHART, "bench", &namespace.name)
+        .await?;
+    let user = format!("system:serviceaccount:{}:{account}", namespace.name);
+    let kubeconfig = local.service_account_kubeconfig(&namespace.name, &account)?;
+    let controller = ControllerProcess::start(
+        local,
+        &binary,
+        &format!("{}-controller", namespace.name),
+        &kubeconfig,
+        &[
+            ("CAIRN_NAMESPACES", namespace.name.as_str()),
+            ("CAIRN_LEASE_NAMESPACE", namespace.name.as_str()),
+            ("CAIRN_LOG_LEVEL", "info"),
+        ],
+    )?;
+    wait::until("controller ready", Duration::from_secs(60), || async {
+        match controller.get("/readyz").await {
+            Ok((200, _)) => Ok(Some(())),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await?;
+    Ok((namespace, controller, user))
+}
+
+/// Creates single-instance clusters `db-NNNNN` for `range`, 16 at a time.
+async fn create(clusters: &Api<DatabaseCluster>, range: Range<usize>) -> Result<(), Error> {
+    futures::stream::iter(range)
+        .map(|i| {
+            let clusters = clusters.clone();
+            async move {
+                let spec: DatabaseClusterSpec = serde_json::from_value(serde_json::json!({
+                    "instances": 1, "postgres": {"version": "17"}, "storage": {"size": "1Gi"}
+                }))
+                .map_err(|e| Error::Setup(e.to_string()))?;
+                clusters
+                    .create(
+                        &PostParams::default(),
+                        &DatabaseCluster::new(&format!("db-{i:05}"), spec),
+                    )
+                    .await
+                    .map(drop)
+                    .map_err(Error::from)
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<()>>()
+        .await
+        .map(drop)
+}
+
+/// Waits until `count` clusters exist and all are Ready.
+async fn until_ready(
+    clusters: &Api<DatabaseCluster>,
+    count: usize,
+    started: Instant,
+) -> Result<(), Error> {
+    wait::until(
+        &format!("{count} clusters Ready"),
+        Duration::from_secs(3600),
+        || async {
+            let list = clusters
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let ready = list
+                .items
+                .iter()
+                .filter(|c| wait::condition_status(c, "Ready").as_deref() == Some("True"))
+                .count();
+            if ready == count {
+                return Ok(Some(()));
+            }
+            eprint!(
+                "\r{ready}/{count} Ready after {} s   ",
+                started.elapsed().as_secs()
+            );
+            // Listing every cluster is load on the API server too: not too often.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            Ok(None)
+        },
+    )
+    .await?;
+    eprintln!();
+    Ok(())
+}
+
+const CHURN_BATCH: usize = 200;
+
+/// Creates and deletes `total` clusters, a batch at a time, and prints the
+/// controller's RSS before and after: per-object state must go with the
+/// objects.
+async fn churn(total: usize) -> Result<(), Error> {
+    let (namespace, controller, _) = start_controller().await?;
+    let clusters = namespace.api::<DatabaseCluster>();
+    let started = Instant::now();
+    // A first batch brings the caches and the allocator to working size.
+    churn_batch(&namespace, &clusters, 0..CHURN_BATCH, started).await?;
+    let before = rss_kib(&controller, "VmRSS:");
+    let mut next = CHURN_BATCH;
+    while next < CHURN_BATCH + total {
+        let end = (next + CHURN_BATCH).min(CHURN_BATCH + total);
+        churn_batch(&namespace, &clusters, next..end, started).await?;
+        eprintln!(
+            "{} of {total} created and deleted after {} s",
+            end - CHURN_BATCH,
+            started.elapsed().as_secs()
+        );
+        next = end;
+    }
+    let after = rss_kib(&controller, "VmRSS:");
+    let in_cache: f64 = controller
+        .metrics()
+        .await?
+        .lines()
+        .filter(|l| l.starts_with("cairn_objects_in_cache{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    let mib = |kib: Option<u64>| {
+        kib.map_or("unknown".to_owned(), |k| {
+            format!("{:.1} MiB", k as f64 / 1024.0)
+        })
+    };
+    println!("\n## {total} DatabaseClusters created and deleted, {CHURN_BATCH} at a time\n");
+    println!("| figure | value |\n|---|---|");
+    println!(
+        "| controller RSS after the warm-up batch | {} |",
+        mib(before)
+    );
+    println!("| controller RSS after the churn | {} |", mib(after));
+    if let (Some(before), Some(after)) = (before, after) {
+        println!(
+            "| change | {:+.1} % |",
+            (after as f64 - before as f64) * 100.0 / before as f64
+        );
+    }
+    println!("| objects in the controller's caches after | {in_cache} |");
+    println!(
+        "| controller peak RSS | {} |",
+        mib(rss_kib(&controller, "VmHWM:"))
+    );
+    println!("| duration | {:.0} s |", started.elapsed().as_secs_f64());
+    drop(controller);
+    Ok(())
+}
+
+/// One batch: created, all Ready, deleted, and every child collected.
+async fn churn_batch(
+    namespace: &TestNamespace,
+    clusters: &Api<DatabaseCluster>,
+    range: Range<usize>,
+    started: Instant,
+) -> Result<(), Error> {
+    let count = range.len();
+    create(clusters, range).await?;
+    until_ready(clusters, count, started).await?;
+    clusters
+        .delete_collection(&DeleteParams::background(), &ListParams::default())
+        .await?;
+    let pods = namespace.api::<Pod>();
+    let sets = namespace.api::<StatefulSet>();
+    let managed = ListParams::default().labels("app.kubernetes.io/managed-by=cairn");
+    wait::until(
+        "the batch and its children gone",
+        Duration::from_secs(1800),
+        || async {
+            let count = |n: Result<usize, kube::Error>| n.map_err(|e| e.to_string());
+            let left = count(
+                clusters
+                    .list_metadata(&ListParams::default())
+                    .await
+                    .map(|l| l.items.len()),
+            )? + count(sets.list_metadata(&managed).await.map(|l| l.items.len()))?
+                + count(pods.list_metadata(&managed).await.map(|l| l.items.len()))?;
+            if left == 0 {
+                return Ok(Some(()));
+            }
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            Ok(None)
+        },
+    )
+    .await
+}
+
 /// `apiserver_request_total` summed by verb, from the API server's metrics.
 async fn request_counts(client: &Client) -> Result<BTreeMap<String, f64>, Error> {
     let request = http::Request::get("/metrics")
@@ -199,12 +333,13 @@ async fn request_counts(client: &Client) -> Result<BTreeMap<String, f64>, Error>
     Ok(counts)
 }
 
-/// The controller's peak resident set (VmHWM), in KiB.
-fn peak_rss_kib(process: &ControllerProcess) -> Option<u64> {
+/// A memory figure of the controller from /proc (`VmRSS:` now, `VmHWM:`
+/// the peak), in KiB.
+fn rss_kib(process: &ControllerProcess, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{}/status", process.pid()?)).ok()?;
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .find_map(|l| l.strip_prefix(field))?
         .trim()
         .trim_end_matches(" kB")
         .trim()
