@@ -17,6 +17,7 @@ pub mod status;
 pub mod switchover;
 pub mod tls;
 pub mod webhook;
+pub mod wiring;
 
 /// The API group this controller reconciles.
 pub const GROUP: &str = cairn_api::DATABASE_GROUP;

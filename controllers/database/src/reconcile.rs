@@ -58,6 +58,37 @@ pub struct Context {
 }
 
 impl Context {
+    pub fn new(
+        client: Client,
+        recorder: Recorder,
+        caches: Caches,
+        metrics: ClusterMetrics,
+    ) -> Self {
+        Self {
+            client,
+            recorder,
+            caches,
+            metrics,
+            not_serving_since: Mutex::default(),
+            decisions: Decisions::default(),
+        }
+    }
+
+    /// Every `period`: the per-cluster gauges refreshed from the cache, and
+    /// what this process remembers of deleted clusters dropped.
+    pub async fn housekeeping(
+        context: Arc<Self>,
+        clusters: Store<DatabaseCluster>,
+        period: Duration,
+    ) {
+        let mut every = tokio::time::interval(period);
+        loop {
+            every.tick().await;
+            context.metrics.refresh(&clusters.state());
+            context.forget_missing(&clusters);
+        }
+    }
+
     /// Drops what this process remembers of clusters that are gone, so memory
     /// stays bounded however many clusters come and go.
     pub fn forget_missing(&self, clusters: &Store<DatabaseCluster>) {

@@ -510,6 +510,15 @@ where
         self.store.clone()
     }
 
+    /// The cache alone, for a kind whose changes wake no controller (the
+    /// reconcile only reads it); its changes keep being drained so the watch
+    /// never waits for a consumer.
+    pub fn without_trigger(self) -> Store<K> {
+        let store = self.store.clone();
+        tokio::spawn(self.changes().for_each(|_| std::future::ready(())));
+        store
+    }
+
     /// Every change of the cached objects, from the moment it is polled.
     pub fn trigger(self) -> impl Stream<Item = Arc<K>> + Send + 'static {
         self.changes().map(Change::object)
