@@ -6,10 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State as Extract;
-use axum::http::{StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::{Json, Router};
+
+use cairn_runtime::admin;
 
 use crate::state::State;
 
@@ -36,9 +38,10 @@ pub fn metrics_router(state: Arc<State>) -> Router {
         })
 }
 
+/// Serves `router` on `address` for as long as the process runs.
 pub async fn serve(address: SocketAddr, router: Router) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(address).await?;
-    axum::serve(listener, router).await
+    let listener = admin::listen(address).await?;
+    admin::serve(listener, router, std::future::pending()).await
 }
 
 async fn livez(Extract(routes): Extract<Routes>) -> impl IntoResponse {
@@ -64,8 +67,5 @@ async fn status(Extract(routes): Extract<Routes>) -> impl IntoResponse {
 }
 
 async fn metrics(Extract(routes): Extract<Routes>) -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        routes.state.metrics.render(),
-    )
+    admin::metrics_text(routes.state.metrics.render())
 }

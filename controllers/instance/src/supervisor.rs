@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cairn_api::database::instance::{self as contract, parse_lsn};
+use cairn_runtime::errors::{Backoff, Retries};
 use nix::sys::signal::Signal;
 use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
@@ -118,7 +119,7 @@ impl Supervisor {
     /// Runs until `shutdown` completes, then stops postgres cleanly.
     pub async fn run(&self, shutdown: impl Future<Output = ()>) {
         let mut shutdown = std::pin::pin!(shutdown);
-        let mut backoff = Backoff::default();
+        let mut backoff = Retries::new(RESTART_BACKOFF);
         let mut reclone = None;
         loop {
             let role = tokio::select! {
@@ -145,7 +146,7 @@ impl Supervisor {
                 self.state.error(message);
                 self.state.phase(Phase::Retrying);
                 tokio::select! {
-                    () = tokio::time::sleep(backoff.next()) => continue,
+                    () = tokio::time::sleep(backoff.next_delay()) => continue,
                     () = &mut shutdown => break,
                 }
             }
@@ -155,7 +156,7 @@ impl Supervisor {
                     self.state.error(message);
                     self.state.phase(Phase::Retrying);
                     tokio::select! {
-                        () = tokio::time::sleep(backoff.next()) => continue,
+                        () = tokio::time::sleep(backoff.next_delay()) => continue,
                         () = &mut shutdown => break,
                     }
                 }
@@ -193,10 +194,10 @@ impl Supervisor {
             self.state.error(message);
             self.state.phase(Phase::Retrying);
             if started.elapsed() > Duration::from_secs(60) {
-                backoff = Backoff::default();
+                backoff.reset();
             }
             tokio::select! {
-                () = tokio::time::sleep(backoff.next()) => {}
+                () = tokio::time::sleep(backoff.next_delay()) => {}
                 () = &mut shutdown => break,
             }
         }
@@ -1524,19 +1525,11 @@ fn literal(value: &str) -> String {
     format!("'{}'", value.replace('\'', "''"))
 }
 
-/// 1 s, doubling to 30 s.
-#[derive(Default)]
-struct Backoff {
-    attempts: u32,
-}
-
-impl Backoff {
-    fn next(&mut self) -> Duration {
-        let delay = Duration::from_secs(1 << self.attempts.min(5)).min(Duration::from_secs(30));
-        self.attempts += 1;
-        delay
-    }
-}
+/// Restarts of postgres after an unexpected exit: 1 s, doubling to 30 s.
+const RESTART_BACKOFF: Backoff = Backoff {
+    initial: Duration::from_secs(1),
+    max: Duration::from_secs(30),
+};
 
 #[cfg(test)]
 mod tests {
@@ -1544,8 +1537,8 @@ mod tests {
 
     #[test]
     fn backoff_doubles_to_thirty_seconds() {
-        let mut backoff = Backoff::default();
-        let delays: Vec<_> = (0..7).map(|_| backoff.next().as_secs()).collect();
+        let mut backoff = Retries::new(RESTART_BACKOFF);
+        let delays: Vec<_> = (0..7).map(|_| backoff.next_delay().as_secs()).collect();
         assert_eq!(delays, [1, 2, 4, 8, 16, 30, 30]);
     }
 

@@ -1,5 +1,6 @@
 //! The one admin HTTP server of a controller: `/livez`, `/readyz` and
-//! `/metrics` on a single port.
+//! `/metrics` on a single port. [`listen`], [`serve`] and [`metrics_text`]
+//! also serve cairn-instance's listeners: one HTTP server implementation.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -138,17 +139,25 @@ pub fn router(health: Health, metrics: Metrics) -> Router {
         .with_state(AdminState { health, metrics })
 }
 
-/// Serves the admin routes on `address` until `shutdown` completes.
+/// Binds `address`, so a taken port fails at start, not later.
+pub async fn listen(address: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(address).await
+}
+
+/// Serves `router` on `listener` until `shutdown` completes.
 pub async fn serve(
-    address: SocketAddr,
-    health: Health,
-    metrics: Metrics,
+    listener: tokio::net::TcpListener,
+    router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(address).await?;
-    axum::serve(listener, router(health, metrics))
+    axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
         .await
+}
+
+/// A `/metrics` answer: `text` in the Prometheus text format.
+pub fn metrics_text(text: String) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }
 
 async fn livez(State(state): State<AdminState>) -> impl IntoResponse {
@@ -166,10 +175,7 @@ async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
 }
 
 async fn render_metrics(State(state): State<AdminState>) -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(),
-    )
+    metrics_text(state.metrics.render())
 }
 
 #[cfg(test)]

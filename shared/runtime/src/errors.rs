@@ -64,6 +64,34 @@ impl Backoff {
     }
 }
 
+/// The consecutive failures of one task and the delay each earns: the one
+/// retry policy of the controllers and cairn-instance.
+#[derive(Debug, Clone, Copy)]
+pub struct Retries {
+    backoff: Backoff,
+    failures: u32,
+}
+
+impl Retries {
+    pub fn new(backoff: Backoff) -> Self {
+        Self {
+            backoff,
+            failures: 0,
+        }
+    }
+
+    /// Counts a failure and returns the delay before the next attempt.
+    pub fn next_delay(&mut self) -> Duration {
+        self.failures = self.failures.saturating_add(1);
+        self.backoff.delay(self.failures)
+    }
+
+    /// After a success: the next failure starts from the first step.
+    pub fn reset(&mut self) {
+        self.failures = 0;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,6 +117,24 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn retries_climb_the_ceilings_and_start_over_after_a_reset() {
+        let backoff = Backoff {
+            initial: Duration::from_secs(1),
+            max: Duration::from_secs(30),
+        };
+        let ceilings: Vec<u64> = (1..=7).map(|n| backoff.ceiling(n).as_secs()).collect();
+        assert_eq!(ceilings, vec![1, 2, 4, 8, 16, 30, 30]);
+        let mut retries = Retries::new(backoff);
+        for failures in 1..=7 {
+            let delay = retries.next_delay();
+            let ceiling = backoff.ceiling(failures);
+            assert!(delay >= ceiling / 2 && delay <= ceiling, "{delay:?}");
+        }
+        retries.reset();
+        assert!(retries.next_delay() <= Duration::from_secs(1));
     }
 
     #[test]

@@ -4,6 +4,9 @@
 //!
 //! Both helpers write only when needed and use JSON-patch `test` operations,
 //! so a concurrent change of the list fails the write instead of being lost.
+//! kube-runtime's `finalizer` does the same, but takes over the whole
+//! reconcile (its `Apply`/`Cleanup` events); a driver of external resources
+//! needs the two steps separately, inside its own observe → act flow.
 
 use std::fmt::Debug;
 

@@ -150,7 +150,7 @@ impl Manager {
             .build();
         let metrics = Metrics::new(info.controller, info.version, info.git_commit)?;
         let health = Health::new(Duration::from_secs(config.watch_failure_limit_seconds));
-        let listener = tokio::net::TcpListener::bind(config.admin_address)
+        let listener = admin::listen(config.admin_address)
             .await
             .map_err(|source| StartError::Admin {
                 address: config.admin_address,
@@ -159,9 +159,7 @@ impl Manager {
         let (stop_admin, stopped) = oneshot::channel::<()>();
         let router = admin::router(health.clone(), metrics.clone());
         let admin = tokio::spawn(async move {
-            let served = axum::serve(listener, router)
-                .with_graceful_shutdown(stopped.map(|_| ()))
-                .await;
+            let served = admin::serve(listener, router, stopped.map(|_| ())).await;
             if let Err(e) = served {
                 tracing::error!(error = %e, "the admin server stopped");
             }
@@ -528,6 +526,12 @@ where
     /// changes (its spec, not its status: a controller's own status writes do
     /// not wake it again), or it is deleted. For kinds with a status
     /// subresource. What it remembers of an object goes with the object.
+    ///
+    /// Own filter rather than kube-runtime's `predicates::generation`: that
+    /// one never sees a deletion, so it forgets objects only after a TTL (an
+    /// hour by default) and a recreated object with the same name and
+    /// generation 1 would be filtered out within it; this one keys by UID and
+    /// forgets on deletion.
     pub fn trigger_on_spec_change(self) -> impl Stream<Item = Arc<K>> + Send + 'static {
         let mut seen: HashMap<String, Option<i64>> = HashMap::new();
         self.changes().filter_map(move |change| {
