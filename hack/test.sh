@@ -3,7 +3,8 @@
 #   1. builds (or reuses) the pinned control plane and tools, and moto's virtualenv;
 #      installs Debian's PostgreSQL server when missing (cairn-instance's tests)
 #      and the real nodes' packages (containerd, runc, CNI plugins, mmdebstrap, umoci);
-#   2. lints: cargo fmt, cargo clippy -D warnings, actionlint, helm lint, bash -n;
+#   2. lints: cargo fmt, cargo clippy -D warnings, cargo deny (licenses, bans,
+#      sources), actionlint, helm lint, bash -n;
 #   3. builds the images of the database pods and the controller (hack/images.sh);
 #   4. starts a fresh local cluster in a temporary folder, with real nodes that
 #      get those images (stopped on exit, then checked for leftovers);
@@ -25,6 +26,7 @@ step() { # name command...
 lint() {
   cargo fmt --all -- --check
   cargo clippy --workspace --all-targets --locked -- -D warnings
+  "$(hack/cargo-deny.sh)" --locked check licenses bans sources
   "$BIN/actionlint" .github/workflows/*.yml
   "$BIN/helm" lint --quiet charts/*/
   local script
