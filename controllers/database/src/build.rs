@@ -38,26 +38,6 @@ pub const INSTANCE_METRICS_PORT: i32 = instance::INSTANCE_METRICS_PORT as i32;
 /// UID and GID of the postgres user in the official images.
 const POSTGRES_UID: i64 = 999;
 
-/// Settings PostgreSQL reads only at server start ("postmaster" context):
-/// changing one rolls the pods; every other setting is reloaded in place.
-pub const RESTART_PARAMETERS: &[&str] = &[
-    "autovacuum_max_workers",
-    "huge_pages",
-    "max_connections",
-    "max_files_per_process",
-    "max_locks_per_transaction",
-    "max_logical_replication_workers",
-    "max_pred_locks_per_transaction",
-    "max_prepared_transactions",
-    "max_wal_size_startup",
-    "max_worker_processes",
-    "shared_buffers",
-    "shared_preload_libraries",
-    "superuser_reserved_connections",
-    "track_commit_timestamp",
-    "wal_buffers",
-];
-
 /// Settings Cairn manages (the schema rejects them in `spec.postgres.parameters`).
 fn managed_parameters() -> BTreeMap<&'static str, String> {
     BTreeMap::from([
@@ -264,7 +244,8 @@ pub fn restart_digest(cluster: &DatabaseCluster) -> String {
     }
     let mut hasher = Fnv(0xcbf2_9ce4_8422_2325);
     for (name, value) in &cluster.spec.postgres.parameters {
-        if RESTART_PARAMETERS.contains(&name.to_ascii_lowercase().as_str()) {
+        if cairn_api::database::v1::RESTART_PARAMETERS.contains(&name.to_ascii_lowercase().as_str())
+        {
             name.to_ascii_lowercase().hash(&mut hasher);
             value.hash(&mut hasher);
         }
@@ -732,6 +713,16 @@ fn canonical_resources(resources: &ResourceRequirements) -> ResourceRequirements
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_settings_the_builder_writes_are_the_ones_the_schema_refuses() {
+        for name in managed_parameters().keys() {
+            assert!(
+                cairn_api::database::v1::MANAGED_PARAMETERS.contains(name),
+                "{name} is written by the builder but users may set it too"
+            );
+        }
+    }
 
     fn cluster(parameters: &[(&str, &str)]) -> DatabaseCluster {
         crate::fixtures::cluster(3, parameters)

@@ -169,3 +169,46 @@ async fn sigterm_stops_cleanly_and_a_killed_postgres_is_started_again() -> Resul
     );
     fixture.passed()
 }
+
+/// The list the controller rolls pods for is PostgreSQL's own: every setting
+/// a real server reads only at start is in it or managed by Cairn, and
+/// everything in it is such a setting (or one of a later version).
+#[tokio::test]
+async fn the_restart_only_settings_are_the_servers_postmaster_settings() -> Result {
+    use cairn_api::database::v1::{
+        MANAGED_PARAMETERS, RESTART_PARAMETERS, RESTART_PARAMETERS_SINCE_16,
+    };
+    use std::collections::BTreeSet;
+    let fixture = Fixture::new("settings", &[])?;
+    let spec = fixture.instance("orders-0", "primary")?;
+    let primary = fixture.start(&spec)?;
+    primary.wait_ready(Duration::from_secs(60)).await?;
+    let rows = primary
+        .sql()
+        .await?
+        .query(
+            "SELECT name, current_setting('server_version_num')::int \
+             FROM pg_settings WHERE context = 'postmaster'",
+            &[],
+        )
+        .await?;
+    let version: i32 = rows.first().map_or(0, |r| r.get(1));
+    let on_server: BTreeSet<String> = rows
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .filter(|name| !MANAGED_PARAMETERS.contains(&name.as_str()))
+        .collect();
+    let listed: BTreeSet<String> = RESTART_PARAMETERS
+        .iter()
+        .filter(|name| version >= 160_000 || !RESTART_PARAMETERS_SINCE_16.contains(name))
+        .map(|name| (*name).to_owned())
+        .collect();
+    let unlisted: Vec<_> = on_server.difference(&listed).collect();
+    let unknown: Vec<_> = listed.difference(&on_server).collect();
+    assert!(
+        unlisted.is_empty() && unknown.is_empty(),
+        "PostgreSQL {version}: restart-only settings missing from RESTART_PARAMETERS: {unlisted:?}; \
+         listed but not restart-only here: {unknown:?}"
+    );
+    Ok(())
+}
