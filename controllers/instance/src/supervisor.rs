@@ -1536,10 +1536,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn backoff_doubles_to_thirty_seconds() {
-        let mut backoff = Retries::new(RESTART_BACKOFF);
-        let delays: Vec<_> = (0..7).map(|_| backoff.next_delay().as_secs()).collect();
-        assert_eq!(delays, [1, 2, 4, 8, 16, 30, 30]);
+    fn restarts_back_off_from_one_second_to_thirty() {
+        let ceilings: Vec<_> = (1..=7)
+            .map(|n| RESTART_BACKOFF.ceiling(n).as_secs())
+            .collect();
+        assert_eq!(ceilings, [1, 2, 4, 8, 16, 30, 30]);
+        let mut retries = Retries::new(RESTART_BACKOFF);
+        assert!(retries.next_delay() <= Duration::from_secs(1));
     }
 
     #[test]
