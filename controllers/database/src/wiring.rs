@@ -57,6 +57,29 @@ pub fn database_controller(
     (controller, store, caches)
 }
 
+/// A namespaced kind the controller caches.
+trait Child:
+    Resource<DynamicType = (), Scope = NamespaceResourceScope>
+    + Clone
+    + Debug
+    + DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<K> Child for K where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + Clone
+        + Debug
+        + DeserializeOwned
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 struct Children<'a> {
     manager: &'a mut Manager,
     selector: watcher::Config,
@@ -66,16 +89,7 @@ struct Children<'a> {
 
 impl Children<'_> {
     /// A cache of a kind the clusters own: a change wakes the owner.
-    fn owned<K>(&mut self) -> Store<K>
-    where
-        K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
-            + Clone
-            + Debug
-            + DeserializeOwned
-            + Send
-            + Sync
-            + 'static,
-    {
+    fn owned<K: Child>(&mut self) -> Store<K> {
         let cache = self
             .manager
             .cache(self.manager.api::<K>(), self.selector.clone());
@@ -89,16 +103,7 @@ impl Children<'_> {
 
     /// A cache read by reconciles that wakes nothing (claims change with
     /// their pods).
-    fn cached<K>(&mut self) -> Store<K>
-    where
-        K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
-            + Clone
-            + Debug
-            + DeserializeOwned
-            + Send
-            + Sync
-            + 'static,
-    {
+    fn cached<K: Child>(&mut self) -> Store<K> {
         self.manager
             .cache(self.manager.api::<K>(), self.selector.clone())
             .without_trigger()

@@ -9,15 +9,32 @@ mod support;
 use std::time::{Duration, Instant};
 
 use cairn_api::database::v1::DatabaseCluster;
-use cairn_testing::Error;
 use cairn_testing::process::ControllerProcess;
 use cairn_testing::wait;
+use cairn_testing::{Error, TestNamespace};
 use kube::Api;
 
 const LEADER: &str = "cairn_leader{controller=\"database\"}";
 
 async fn leader_metric(process: &ControllerProcess) -> Result<f64, Error> {
     Ok(process.metric(LEADER).await?.unwrap_or(-1.0))
+}
+
+/// A starts first and leads; B stands by, ready with warm caches.
+async fn leader_and_standby(
+    namespace: &TestNamespace,
+    account_a: &str,
+    account_b: &str,
+) -> Result<(ControllerProcess, ControllerProcess), Error> {
+    let a = support::start(namespace, "a", account_a, &[])?;
+    support::until_status(&a, "/readyz", 200, Duration::from_secs(30)).await?;
+    wait::until("a leads", Duration::from_secs(10), || async {
+        Ok((leader_metric(&a).await.map_err(|e| e.to_string())? == 1.0).then_some(()))
+    })
+    .await?;
+    let b = support::start(namespace, "b", account_b, &[])?;
+    support::until_status(&b, "/readyz", 200, Duration::from_secs(30)).await?;
+    Ok((a, b))
 }
 
 /// Waits until `cluster` has a status written for its current generation.
@@ -44,15 +61,7 @@ async fn one_replica_leads_and_a_standby_takes_over() -> Result<(), Error> {
     );
     let clusters = namespace.api::<DatabaseCluster>();
 
-    // A starts first and leads; B stands by, ready with warm caches.
-    let mut a = support::start(&namespace, "a", &account_a, &[])?;
-    support::until_status(&a, "/readyz", 200, Duration::from_secs(30)).await?;
-    wait::until("a leads", Duration::from_secs(10), || async {
-        Ok((leader_metric(&a).await.map_err(|e| e.to_string())? == 1.0).then_some(()))
-    })
-    .await?;
-    let mut b = support::start(&namespace, "b", &account_b, &[])?;
-    support::until_status(&b, "/readyz", 200, Duration::from_secs(30)).await?;
+    let (mut a, mut b) = leader_and_standby(&namespace, &account_a, &account_b).await?;
 
     support::create(&clusters, &support::database_cluster("one", 1)).await?;
     support::until_condition(&clusters, "one", "Ready", "True", Duration::from_secs(60)).await?;
@@ -138,14 +147,7 @@ async fn a_leader_frozen_past_its_lease_writes_nothing_when_it_thaws() -> Result
     let user_a = support::user(&namespace, &account_a);
     let clusters = namespace.api::<DatabaseCluster>();
 
-    let mut a = support::start(&namespace, "a", &account_a, &[])?;
-    support::until_status(&a, "/readyz", 200, Duration::from_secs(30)).await?;
-    wait::until("a leads", Duration::from_secs(10), || async {
-        Ok((leader_metric(&a).await.map_err(|e| e.to_string())? == 1.0).then_some(()))
-    })
-    .await?;
-    let b = support::start(&namespace, "b", &account_b, &[])?;
-    support::until_status(&b, "/readyz", 200, Duration::from_secs(30)).await?;
+    let (mut a, b) = leader_and_standby(&namespace, &account_a, &account_b).await?;
     support::create(&clusters, &support::database_cluster("one", 1)).await?;
     support::until_condition(&clusters, "one", "Ready", "True", Duration::from_secs(60)).await?;
 
