@@ -1,13 +1,16 @@
 //! The runtime's webhook server, with certificates from mounted files, serves
-//! the API server's conversion requests and picks up a rotated certificate
-//! without a restart.
+//! the API server's conversion requests, injects the mounted CA into the CRD
+//! itself, and after a rotation (a new CA and certificate in the files, as
+//! cert-manager renews a Secret) injects the new CA and serves the new
+//! certificate without a restart.
 
 use std::path::Path;
 use std::time::Duration;
 
 use cairn_testing::{cluster, wait};
-use k8s_openapi::ByteString;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::WebhookClientConfig;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, WebhookClientConfig,
+};
 use kube::Api;
 use kube::api::DynamicObject;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair, SanType};
@@ -22,10 +25,11 @@ struct Issued {
 }
 
 impl Issued {
-    /// Writes the pair as a mounted TLS Secret would (the key first: the
-    /// server reloads when the files change).
+    /// Writes the files as a mounted cert-manager Secret holds them (the key
+    /// first: the server reloads when the files change).
     fn write(&self, dir: &Path) -> std::io::Result<()> {
         std::fs::write(dir.join("tls.key"), &self.key)?;
+        std::fs::write(dir.join("ca.crt"), &self.ca)?;
         std::fs::write(dir.join("tls.crt"), &self.cert)
     }
 }
@@ -47,37 +51,53 @@ fn issue() -> std::result::Result<Issued, Box<dyn std::error::Error>> {
     })
 }
 
+/// The caBundle the API server uses for the CRD's conversions.
+async fn ca_bundle(client: &kube::Client) -> std::result::Result<Option<String>, kube::Error> {
+    let crds = Api::<CustomResourceDefinition>::all(client.clone());
+    let crd = crds.get(cairn_database_controller::webhook::CRD).await?;
+    Ok(crd
+        .spec
+        .conversion
+        .and_then(|c| c.webhook)
+        .and_then(|w| w.client_config)
+        .and_then(|c| c.ca_bundle)
+        .map(|bundle| String::from_utf8_lossy(&bundle.0).into_owned()))
+}
+
 #[tokio::test]
-async fn a_rotated_certificate_is_served_without_a_restart() -> Result {
+async fn a_rotated_certificate_and_ca_are_taken_up_without_a_restart() -> Result {
     let certs = std::env::temp_dir().join(format!("cairn-webhook-{}", std::process::id()));
     std::fs::create_dir_all(&certs)?;
     let first = issue()?;
     first.write(&certs)?;
+    // The CRD names the server but trusts nothing yet: the server injects
+    // the mounted CA when it starts.
+    let admin = cluster().admin_client().await?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let crd = cairn_api::crds::database_cluster_with_conversion(WebhookClientConfig {
+        url: Some(format!("https://127.0.0.1:{port}/convert")),
+        ca_bundle: None,
+        service: None,
+    });
+    cairn_testing::crds::install(&admin, &[crd]).await?;
     let router = cairn_database_controller::webhook::router(
         cairn_runtime::metrics::Metrics::new("database", "0.0.0", "test")
             .expect("metrics register"),
     );
     let server = cairn_runtime::webhook::start(
-        ([127, 0, 0, 1], 0).into(),
+        ([127, 0, 0, 1], port).into(),
         router,
         &certs,
         Duration::from_millis(200),
+        Some(cairn_runtime::webhook::CaInjection {
+            client: admin.clone(),
+            crds: vec![cairn_database_controller::webhook::CRD.to_owned()],
+        }),
     )
     .await?;
-    let url = format!("https://{}/convert", server.address);
-    let install = |ca: String| {
-        let url = url.clone();
-        async move {
-            let crd = cairn_api::crds::database_cluster_with_conversion(WebhookClientConfig {
-                url: Some(url),
-                ca_bundle: Some(ByteString(ca.into_bytes())),
-                service: None,
-            });
-            let client = cluster().admin_client().await?;
-            cairn_testing::crds::install(&client, &[crd]).await
-        }
-    };
-    install(first.ca.clone()).await?;
+    assert_eq!(ca_bundle(&admin).await?.as_deref(), Some(first.ca.as_str()));
 
     let ns = cluster().namespace("webhook").await?;
     let old = Api::<DynamicObject>::namespaced_with(
@@ -95,24 +115,21 @@ async fn a_rotated_certificate_is_served_without_a_restart() -> Result {
     )
     .await?;
 
-    // Rotation. First the API server is told to trust only the new CA: while
-    // the server still serves the old certificate, conversions fail...
+    // Rotation: a new CA and a certificate it signed land in the files. The
+    // server puts the new CA into the CRD (nobody else does here)...
     let second = issue()?;
-    install(second.ca.clone()).await?;
+    second.write(&certs)?;
     wait::until(
-        "conversions to fail against the old certificate",
+        "the rotated CA in the CRD",
         Duration::from_secs(30),
         || async {
-            match old.get("rotated").await {
-                Err(e) => Ok(Some(e)),
-                Ok(_) => Err("still converting".to_owned()),
-            }
+            let bundle = ca_bundle(&admin).await.map_err(|e| e.to_string())?;
+            Ok((bundle.as_deref() == Some(second.ca.as_str())).then_some(()))
         },
     )
     .await?;
-    // ...then the new pair lands in the mounted files, and conversions work
-    // again without restarting the server.
-    second.write(&certs)?;
+    // ...and, trusted only through it, serves conversions with the new
+    // certificate, without a restart.
     wait::until(
         "a conversion with the rotated certificate",
         Duration::from_secs(30),

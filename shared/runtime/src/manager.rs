@@ -206,16 +206,21 @@ impl Manager {
         let webhook_error = |source| StartError::Webhook { address, source };
         let server = match &self.config.webhook_cert_dir {
             Some(dir) => {
-                let server = webhook::start(address, router, dir, webhook::RELOAD_INTERVAL)
-                    .await
-                    .map_err(webhook_error)?;
-                // A cert-manager Secret carries its CA: the API server must trust it.
-                if let Ok(ca) = std::fs::read_to_string(dir.join("ca.crt")) {
-                    certs::inject_ca_bundle(self.unguarded.clone(), crds, &ca)
-                        .await
-                        .map_err(certs::CertError::from)?;
-                }
-                server
+                // A cert-manager Secret carries its CA: the API server must
+                // trust it, now and after each rotation.
+                let injection = webhook::CaInjection {
+                    client: self.unguarded.clone(),
+                    crds: crds.iter().map(|crd| (*crd).to_owned()).collect(),
+                };
+                webhook::start(
+                    address,
+                    router,
+                    dir,
+                    webhook::RELOAD_INTERVAL,
+                    Some(injection),
+                )
+                .await
+                .map_err(webhook_error)?
             }
             None => {
                 let secret = format!("cairn-{}-webhook-certs", self.info.controller);

@@ -3,7 +3,10 @@
 //!
 //! Certificates come from files mounted by the chart (`tls.crt`, `tls.key`,
 //! e.g. a cert-manager Secret) and are reloaded when the files change, so a
-//! rotated certificate is served without a restart.
+//! rotated certificate is served without a restart. A `ca.crt` beside them
+//! (cert-manager writes one) is injected into the CRDs' conversion
+//! `caBundle` at start and again whenever it changes, so the API server
+//! trusts a rotated CA without anyone restarting the controller.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -37,18 +40,58 @@ impl WebhookServer {
     }
 }
 
+/// Where a mounted CA goes: the conversion `caBundle` of these CRDs.
+#[derive(Clone)]
+pub struct CaInjection {
+    pub client: kube::Client,
+    pub crds: Vec<String>,
+}
+
+impl CaInjection {
+    /// Injects `dir/ca.crt`, if there is one; returns what it injected.
+    async fn inject_from(&self, dir: &Path) -> Result<Option<String>, kube::Error> {
+        let Ok(ca) = std::fs::read_to_string(dir.join("ca.crt")) else {
+            return Ok(None);
+        };
+        let crds: Vec<&str> = self.crds.iter().map(String::as_str).collect();
+        crate::certs::inject_ca_bundle(self.client.clone(), &crds, &ca).await?;
+        Ok(Some(ca))
+    }
+}
+
 /// Starts serving `router` over TLS on `address` with the certificate in
-/// `cert_dir`, checking the files for a new certificate every `reload_every`.
+/// `cert_dir`, checking the files for a new certificate every `reload_every`
+/// and, with `injection`, keeping the CRDs' `caBundle` on the mounted CA.
 pub async fn start(
     address: SocketAddr,
     router: Router,
     cert_dir: &Path,
     reload_every: Duration,
+    injection: Option<CaInjection>,
 ) -> std::io::Result<WebhookServer> {
     let (cert, key) = cert_files(cert_dir);
     let tls = RustlsConfig::from_pem_file(&cert, &key).await?;
-    let reloader = tokio::spawn(reload_on_change(tls.clone(), cert, key, reload_every));
+    let injected = match &injection {
+        Some(injection) => injection
+            .inject_from(cert_dir)
+            .await
+            .map_err(std::io::Error::other)?,
+        None => None,
+    };
+    let watched = Watched {
+        dir: cert_dir.to_owned(),
+        injection,
+        injected,
+    };
+    let reloader = tokio::spawn(reload_on_change(tls.clone(), watched, reload_every));
     bind(address, router, tls, reloader).await
+}
+
+/// The mounted folder and what was last injected from it.
+struct Watched {
+    dir: PathBuf,
+    injection: Option<CaInjection>,
+    injected: Option<String>,
 }
 
 /// Starts serving `router` over TLS with a certificate held in memory (the
@@ -90,12 +133,15 @@ async fn bind(
 }
 
 /// Reloads the certificate whenever the files' modification time changes
-/// (a mounted Secret updates by swapping a symlink, which changes it too).
-async fn reload_on_change(tls: RustlsConfig, cert: PathBuf, key: PathBuf, every: Duration) {
+/// (a mounted Secret updates by swapping a symlink, which changes it too),
+/// and injects a changed CA.
+async fn reload_on_change(tls: RustlsConfig, mut watched: Watched, every: Duration) {
+    let (cert, key) = cert_files(&watched.dir);
     let modified = |path: &Path| std::fs::metadata(path).and_then(|m| m.modified()).ok();
     let mut last: Option<SystemTime> = modified(&cert).max(modified(&key));
     loop {
         tokio::time::sleep(every).await;
+        watched.inject_if_changed().await;
         let now = modified(&cert).max(modified(&key));
         if now == last {
             continue;
@@ -107,6 +153,26 @@ async fn reload_on_change(tls: RustlsConfig, cert: PathBuf, key: PathBuf, every:
             }
             // A half-written pair: try again at the next tick.
             Err(e) => tracing::warn!(error = %e, "could not reload the webhook certificate"),
+        }
+    }
+}
+
+impl Watched {
+    /// A new `ca.crt` goes into the CRDs; a failure is retried next tick.
+    async fn inject_if_changed(&mut self) {
+        let Some(injection) = &self.injection else {
+            return;
+        };
+        let current = std::fs::read_to_string(self.dir.join("ca.crt")).ok();
+        if current.is_none() || current == self.injected {
+            return;
+        }
+        match injection.inject_from(&self.dir).await {
+            Ok(injected) => {
+                tracing::info!(crds = ?injection.crds, "injected the rotated webhook CA");
+                self.injected = injected;
+            }
+            Err(e) => tracing::warn!(error = %e, "could not inject the rotated webhook CA"),
         }
     }
 }
