@@ -1,5 +1,6 @@
 //! What the runtime promises every reconcile, shown through the database
-//! controller as a real process with its chart's RBAC: standard metrics with
+//! controller as a real process with its chart's RBAC: reconcile spans
+//! exported over OTLP/HTTP, standard metrics with
 //! bounded labels, zero writes when nothing changed (every optional field set,
 //! in notations the API server normalises), and an invalid spec
 //! reported once and not retried until the spec changes.
@@ -7,11 +8,13 @@
 mod support;
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use axum::body::Bytes;
 use cairn_api::database::v1::DatabaseCluster;
-use cairn_testing::Error;
 use cairn_testing::process::{ControllerProcess, sample};
+use cairn_testing::{Error, wait};
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Patch, PatchParams};
@@ -225,4 +228,59 @@ async fn an_invalid_spec_is_reported_and_waits_for_a_change() -> Result<(), Erro
     )
     .await?;
     Ok(())
+}
+
+/// A stand-in OTLP/HTTP collector: its endpoint and every body it received.
+async fn collector() -> Result<(String, Arc<Mutex<Vec<Bytes>>>), Error> {
+    let received: Arc<Mutex<Vec<Bytes>>> = Arc::default();
+    let sink = received.clone();
+    let router = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |body: Bytes| {
+            let sink = sink.clone();
+            async move {
+                sink.lock().unwrap_or_else(|p| p.into_inner()).push(body);
+                ""
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| Error::Setup(e.to_string()))?;
+    let address = listener
+        .local_addr()
+        .map_err(|e| Error::Setup(e.to_string()))?;
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    Ok((format!("http://{address}"), received))
+}
+
+#[tokio::test]
+async fn a_running_controller_exports_its_reconcile_spans() -> Result<(), Error> {
+    let (endpoint, received) = collector().await?;
+    let namespace = support::namespace("traces").await?;
+    let account = support::install_rbac(&namespace, "traces").await?;
+    let _process = support::start(
+        &namespace,
+        "traces",
+        &account,
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str())],
+    )?;
+    let clusters = namespace.api::<DatabaseCluster>();
+    support::create(&clusters, &support::database_cluster("traced", 1)).await?;
+    // The batch exporter sends every few seconds while the process runs.
+    wait::until(
+        "a reconcile span of the cluster at the collector",
+        Duration::from_secs(60),
+        || async {
+            let bodies = received.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let found = bodies.iter().any(|body| {
+                let contains = |needle: &[u8]| body.windows(needle.len()).any(|w| w == needle);
+                contains(b"reconcile")
+                    && contains(b"traced")
+                    && contains(b"cairn-database-controller")
+            });
+            Ok(found.then_some(()))
+        },
+    )
+    .await
 }
