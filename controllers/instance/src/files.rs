@@ -2,9 +2,11 @@
 
 use std::path::Path;
 
+use crate::error::{Context, Error};
+
 /// Writes a file readable by no one else from its first byte (it may hold
 /// passwords), then moves it into place.
-pub fn write_atomically(path: &Path, text: &str, mode: u32) -> Result<(), String> {
+pub fn write_atomically(path: &Path, text: &str, mode: u32) -> Result<(), Error> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let temporary = path.with_extension("cairn-tmp");
@@ -20,7 +22,7 @@ pub fn write_atomically(path: &Path, text: &str, mode: u32) -> Result<(), String
         })
         .and_then(|()| std::fs::rename(&temporary, path))
         .and_then(|()| sync_parent(path))
-        .map_err(|e| format!("writing {}: {e}", path.display()))
+        .context(|| format!("writing {}", path.display()))
 }
 
 /// Makes a rename or a new entry in `path`'s folder durable.

@@ -7,6 +7,7 @@
 pub mod children;
 pub mod conf;
 pub mod config;
+pub mod error;
 pub mod files;
 pub mod membership;
 pub mod metrics;

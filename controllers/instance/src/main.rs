@@ -15,6 +15,9 @@ use k8s_openapi::api::core::v1::Pod;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
+/// Why the instance could not start or keep serving.
+type StartError = Box<dyn std::error::Error>;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let config = Config::parse();
@@ -41,7 +44,7 @@ async fn main() -> ExitCode {
     code
 }
 
-async fn run(config: Config) -> Result<(), String> {
+async fn run(config: Config) -> Result<(), StartError> {
     // First: as PID 1, a signal without a handler is ignored, not fatal.
     let mut terminate = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
     let mut interrupt = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
@@ -71,7 +74,7 @@ async fn run(config: Config) -> Result<(), String> {
     tracing::info!(version = env!("CARGO_PKG_VERSION"), %http, metrics = %metrics_address, "cairn-instance starting");
     let supervisor = Supervisor::new(config, children, state, assigned, heartbeat);
     tokio::select! {
-        served = listeners => return served.map(|_| ()).map_err(|e| format!("HTTP listener: {e}")),
+        served = listeners => return served.map(|_| ()).map_err(|e| format!("HTTP listener: {e}").into()),
         () = supervisor.run(shutdown) => {}
     }
     // The Lease's last write says what is true now: stopped, not ready.
@@ -89,7 +92,7 @@ async fn start_membership(
     state: &Arc<State>,
     assignment: watch::Sender<Assignment>,
     done: watch::Receiver<bool>,
-) -> Result<(Arc<Heartbeat>, Option<tokio::task::JoinHandle<()>>), String> {
+) -> Result<(Arc<Heartbeat>, Option<tokio::task::JoinHandle<()>>), StartError> {
     let in_pod = match (&config.pod_name, &config.pod_namespace) {
         (Some(name), Some(namespace)) if config.membership => {
             Some((name.clone(), namespace.clone()))

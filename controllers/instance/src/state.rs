@@ -124,7 +124,8 @@ impl State {
     }
 
     /// Records a failure: logged, and shown in `/status` until cleared.
-    pub fn error(&self, message: String) {
+    pub fn error(&self, message: impl std::fmt::Display) {
+        let message = message.to_string();
         if self.status().last_error.as_ref() != Some(&message) {
             tracing::error!("{message}");
         }

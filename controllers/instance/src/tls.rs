@@ -13,6 +13,8 @@ use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+use crate::error::{Context, Error};
+
 const CERT: &str = "tls.crt";
 const KEY: &str = "tls.key";
 const CA: &str = "ca.crt";
@@ -61,17 +63,17 @@ impl Tls {
     }
 
     /// The files as mounted now.
-    pub fn read(&self) -> Result<Files, String> {
+    pub fn read(&self) -> Result<Files, Error> {
         let read = |name: &str| {
             let path = self.mounted.join(name);
             match std::fs::read_to_string(&path) {
                 Ok(text) if !text.trim().is_empty() => Ok(text),
-                Ok(_) => Err(format!("{} is empty", path.display())),
-                Err(e) => Err(format!(
+                Ok(_) => Err(Error::Setup(format!("{} is empty", path.display()))),
+                Err(e) => Err(Error::Setup(format!(
                     "no server certificate: {}: {e} (the pod mounts the cluster's `-server` Secret at {})",
                     path.display(),
                     contract::TLS_DIR
-                )),
+                ))),
             }
         };
         Ok(Files {
@@ -82,9 +84,9 @@ impl Tls {
     }
 
     /// Copies `files` where postgres reads them, readable by this user only.
-    pub fn install(&self, files: &Files) -> Result<(), String> {
+    pub fn install(&self, files: &Files) -> Result<(), Error> {
         std::fs::create_dir_all(&self.installed)
-            .map_err(|e| format!("{}: {e}", self.installed.display()))?;
+            .context(|| self.installed.display().to_string())?;
         for (path, text) in [
             (self.ca_file(), &files.ca),
             (self.cert_file(), &files.cert),
@@ -105,27 +107,24 @@ impl Tls {
     }
 
     /// The same for this process's own sessions to another instance.
-    pub fn connector(&self) -> Result<MakeRustlsConnect, String> {
+    pub fn connector(&self) -> Result<MakeRustlsConnect, Error> {
         verifying(&self.ca_file())
     }
 }
 
 /// TLS for tokio-postgres that trusts only the CAs in `path` (PEM) and
 /// checks that the server's certificate names the host dialled.
-pub fn verifying(path: &Path) -> Result<MakeRustlsConnect, String> {
+pub fn verifying(path: &Path) -> Result<MakeRustlsConnect, Error> {
     let mut roots = rustls::RootCertStore::empty();
-    for cert in
-        CertificateDer::pem_file_iter(path).map_err(|e| format!("{}: {e}", path.display()))?
-    {
-        let cert = cert.map_err(|e| format!("{}: {e}", path.display()))?;
-        roots
-            .add(cert)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+    let invalid = |e: &dyn std::fmt::Display| Error::Setup(format!("{}: {e}", path.display()));
+    for cert in CertificateDer::pem_file_iter(path).map_err(|e| invalid(&e))? {
+        let cert = cert.map_err(|e| invalid(&e))?;
+        roots.add(cert).map_err(|e| invalid(&e))?;
     }
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS settings: {e}"))?
+        .map_err(|e| Error::Setup(format!("TLS settings: {e}")))?
         .with_root_certificates(roots)
         .with_no_client_auth();
     Ok(MakeRustlsConnect::new(config))
@@ -142,7 +141,12 @@ mod tests {
         let mounted = root.join("mounted");
         std::fs::create_dir_all(&mounted).expect("folder");
         let tls = Tls::new(&mounted, &root.join("run"));
-        assert!(tls.read().expect_err("nothing mounted").contains("tls.crt"));
+        assert!(
+            tls.read()
+                .expect_err("nothing mounted")
+                .to_string()
+                .contains("tls.crt")
+        );
         for (name, text) in [(CERT, "cert"), (KEY, "key"), (CA, "ca")] {
             std::fs::write(mounted.join(name), text).expect("write");
         }

@@ -1,0 +1,432 @@
+//! A replica and its primary: the replication slot it keeps there, whether
+//! its history forked off the primary's, whether the primary can be a
+//! rewind's source. Every question to the primary is bounded in time.
+
+use super::*;
+
+impl Supervisor {
+    /// pg_rewind trusts its source: a server still in recovery (its promotion
+    /// not yet seen by the Service) or on the folder's own timeline would make
+    /// it report "no rewind required" over diverged histories.
+    pub(super) async fn check_rewind_source(&self, timeline: u32) -> Result<Source, Error> {
+        // It checkpoints first, which may take a while on a busy primary.
+        bounded(REWIND_CHECK_TIMEOUT, self.try_check_rewind_source(timeline)).await
+    }
+
+    pub(super) async fn try_check_rewind_source(&self, timeline: u32) -> Result<Source, Error> {
+        let (client, host) = self.primary_superuser().await?;
+        let sql = || format!("the primary {host} (to rewind from)");
+        let in_recovery: bool = client
+            .query_one("SELECT pg_is_in_recovery()", &[])
+            .await
+            .context(sql)?
+            .get(0);
+        if in_recovery {
+            return Err(Error::Waiting(format!(
+                "the primary {host} is still in recovery: rewinding once it is promoted"
+            )));
+        }
+        // After a promotion the control file names the new timeline only
+        // after a checkpoint; pg_rewind reads it there.
+        client.batch_execute("CHECKPOINT").await.context(sql)?;
+        let source: i32 = client
+            .query_one("SELECT timeline_id FROM pg_control_checkpoint()", &[])
+            .await
+            .context(sql)?
+            .get(0);
+        // On the same timeline, two histories cannot be told apart: pg_rewind
+        // would say "no rewind required" over a fork. (A source on an earlier
+        // timeline is fine: pg_rewind compares both histories.)
+        if u32::try_from(source) == Ok(timeline) {
+            return Ok(Source::Forked(format!(
+                "the primary {host} is on this folder's timeline {source}, with another history: \
+                 refusing to rewind over it"
+            )));
+        }
+        Ok(Source::Rewindable(host))
+    }
+
+    pub(super) fn slot_name(&self) -> String {
+        conf::slot_name(self.config.pod_name.as_deref().unwrap_or("cairn-instance"))
+    }
+
+    /// Makes sure the primary keeps this replica's replication slot, so it
+    /// keeps the WAL this replica has not received (up to the controller's
+    /// `max_slot_wal_keep_size`). Slots are not replicated: after a failover
+    /// each replica creates its slot on the new primary this way.
+    pub(super) async fn check_slot(&self) -> Result<Slot, Error> {
+        bounded(PRIMARY_TIMEOUT, self.try_check_slot()).await
+    }
+
+    pub(super) async fn try_check_slot(&self) -> Result<Slot, Error> {
+        let (client, host) = self.primary_superuser().await?;
+        let slot = self.slot_name();
+        let row = client
+            .query_one(
+                "SELECT pg_is_in_recovery(),
+                        (SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1)",
+                &[&slot],
+            )
+            .await
+            .context(|| format!("replication slot {slot} on {host}"))?;
+        let (standby, wal_status): (bool, Option<String>) = (row.get(0), row.get(1));
+        match wal_status.as_deref() {
+            Some("lost") => return Ok(Slot::Lost),
+            Some(_) => return Ok(Slot::Kept),
+            None if standby => return Ok(Slot::NotYet), // created once it is promoted
+            None => {}
+        }
+        client
+            .execute(
+                "SELECT pg_create_physical_replication_slot($1, true)
+                 WHERE NOT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)",
+                &[&slot],
+            )
+            .await
+            .context(|| format!("replication slot {slot} on {host}"))?;
+        tracing::info!(%slot, %host, "created this replica's replication slot on the primary");
+        Ok(Slot::Kept)
+    }
+
+    /// A lost slot reserves nothing: it is dropped so `check_slot` creates
+    /// it again, reserving WAL from now, before a new base backup starts.
+    pub(super) async fn drop_lost_slot(&self) -> Result<(), Error> {
+        bounded(PRIMARY_TIMEOUT, self.try_drop_lost_slot()).await
+    }
+
+    pub(super) async fn try_drop_lost_slot(&self) -> Result<(), Error> {
+        let (client, host) = self.primary_superuser().await?;
+        let slot = self.slot_name();
+        client
+            .execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+                 WHERE slot_name = $1 AND wal_status = 'lost' AND NOT active",
+                &[&slot],
+            )
+            .await
+            .context(|| format!("dropping the lost replication slot {slot} on {host}"))?;
+        Ok(())
+    }
+
+    /// On the primary: drops the slot of each pod the cluster no longer has
+    /// (a scale-down), once it has been unused for the grace period, so it
+    /// stops holding WAL. Slots other tools made (other names) are not
+    /// touched. Best effort: a failure is logged and tried again later.
+    pub(super) async fn drop_slots_of_removed_pods(
+        &self,
+        client: &Client,
+        leaving: &mut LeavingSlots,
+    ) {
+        let (Some(cluster), Some(members)) = (&self.config.cluster, self.members()) else {
+            return;
+        };
+        let prefix = conf::slot_name(&format!("{cluster}-"));
+        let unused = match client
+            .query(
+                "SELECT slot_name::text FROM pg_replication_slots
+                 WHERE slot_type = 'physical' AND NOT active AND starts_with(slot_name::text, $1)",
+                &[&prefix],
+            )
+            .await
+        {
+            Ok(rows) => rows.iter().map(|row| row.get::<_, String>(0)).collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list the replication slots");
+                return;
+            }
+        };
+        let kept: Vec<String> = members.iter().map(|pod| conf::slot_name(pod)).collect();
+        let grace = Duration::from_secs(self.config.slot_grace_seconds);
+        for slot in leaving.due(&prefix, unused, &kept, grace) {
+            match client
+                .execute(
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+                     WHERE slot_name = $1 AND NOT active",
+                    &[&slot],
+                )
+                .await
+            {
+                Ok(_) => {
+                    tracing::info!(%slot, "dropped the replication slot of a pod the cluster no longer has")
+                }
+                Err(e) => tracing::warn!(%slot, error = %e, "cannot drop a replication slot"),
+            }
+        }
+    }
+
+    /// Why this replica, not streaming, must restart, if it must: its slot
+    /// was invalidated, or (after `STUCK_AFTER`, the primary answering) its
+    /// history forked off the primary's, or its WAL receiver is stuck.
+    /// Creates a missing slot meanwhile.
+    pub(super) async fn stuck(
+        &self,
+        sample: &observe::Sample,
+        silent_for: Duration,
+    ) -> Option<Stuck> {
+        match self.check_slot().await {
+            Ok(Slot::Lost) => {
+                return Some(Stuck::Reclone(
+                    "the primary invalidated this replica's slot (max_slot_wal_keep_size): the \
+                     WAL it needs is gone"
+                        .to_owned(),
+                ));
+            }
+            Ok(Slot::Kept) => {}
+            Ok(Slot::NotYet) => return None,
+            Err(message) => {
+                tracing::debug!(%message, "cannot check the replication slot");
+                return None;
+            }
+        }
+        if silent_for < STUCK_AFTER {
+            return None;
+        }
+        let timeline = sample.timeline?;
+        let position = sample.wal_position.as_deref().and_then(parse_lsn)?;
+        match self.primary_history(timeline).await {
+            Ok(Some((primary_timeline, history))) => {
+                if let Some(why) = forked(&history, timeline, position) {
+                    return Some(Stuck::Reclone(format!(
+                        "this replica's history forked off the primary's (timeline \
+                         {primary_timeline}): {why}"
+                    )));
+                }
+            }
+            Ok(None) => {}
+            Err(message) => {
+                tracing::debug!(%message, "cannot read the primary's timeline history");
+                return None;
+            }
+        }
+        Some(Stuck::Reconnect(format!(
+            "not streaming for {}s although the primary answers: restarting postgres so that \
+             its WAL receiver connects again",
+            silent_for.as_secs()
+        )))
+    }
+
+    /// The primary's timeline and its history file, when it is on a later
+    /// timeline than `timeline`.
+    pub(super) async fn primary_history(
+        &self,
+        timeline: u32,
+    ) -> Result<Option<(u32, String)>, Error> {
+        bounded(PRIMARY_TIMEOUT, self.try_primary_history(timeline)).await
+    }
+
+    pub(super) async fn try_primary_history(
+        &self,
+        timeline: u32,
+    ) -> Result<Option<(u32, String)>, Error> {
+        let (client, host) = self.primary_superuser().await?;
+        let row = client
+            .query_one(
+                "SELECT CASE WHEN pg_is_in_recovery() THEN NULL
+                        ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int8 END",
+                &[],
+            )
+            .await
+            .context(|| format!("the timeline of {host}"))?;
+        let Some(current) = row
+            .get::<_, Option<i64>>(0)
+            .and_then(|t| u32::try_from(t).ok())
+        else {
+            return Ok(None); // not a primary (yet)
+        };
+        if current <= timeline {
+            return Ok(None);
+        }
+        let history: String = client
+            .query_one(
+                "SELECT pg_read_file('pg_wal/' || $1 || '.history')",
+                &[&format!("{current:08X}")],
+            )
+            .await
+            .context(|| format!("the history of timeline {current} on {host}"))?
+            .get(0);
+        Ok(Some((current, history)))
+    }
+
+    /// A superuser session on the primary whose every query is bounded by
+    /// `PRIMARY_TIMEOUT` (statement_timeout covers a slow query; the
+    /// callers bound the whole exchange for a server that does not answer).
+    pub(super) async fn primary_superuser(&self) -> Result<(Client, String), Error> {
+        let host = self.primary_host()?;
+        let (client, connection) = self
+            .superuser(&host, self.config.primary_port)?
+            .connect_timeout(PRIMARY_TIMEOUT)
+            .ssl_mode(tokio_postgres::config::SslMode::Require)
+            .connect(self.tls.connector()?)
+            .await
+            .context(|| format!("cannot reach the primary {host}"))?;
+        tokio::spawn(connection);
+        Ok((client, host))
+    }
+}
+
+/// This replica's slot on the primary, as far as following goes.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Slot {
+    Kept,
+    /// The server behind `-rw` is still in recovery: no slot there yet.
+    NotYet,
+    /// Invalidated past `max_slot_wal_keep_size`: the WAL this replica
+    /// needs is gone from the primary.
+    Lost,
+}
+
+/// What a former primary's folder can follow the current primary by.
+pub(super) enum Source {
+    /// pg_rewind from this host.
+    Rewindable(String),
+    /// Both were primaries on the same timeline: pg_rewind would see one
+    /// history and rewind nothing. Only a new clone follows; why.
+    Forked(String),
+}
+
+/// The longest a question to the primary may take: the watch loop waits
+/// for it, and `/livez` fails after three missed polls and 5 s. (A frozen
+/// primary accepts the TCP connection and then answers nothing.)
+pub(super) const PRIMARY_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The longest the check before a rewind may take (it checkpoints the
+/// primary); a source that stops answering must not hold up the retry.
+pub(super) const REWIND_CHECK_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A replica that has not streamed for this long while the primary answers
+/// is stuck: its history forked off the primary's (it is cloned again), or
+/// its WAL receiver hangs on a connection to a frozen former primary, which
+/// no PostgreSQL timeout ends while it is still connecting (postgres is
+/// restarted, and the receiver connects through `-rw` again).
+pub(super) const STUCK_AFTER: Duration = Duration::from_secs(10);
+
+/// Why a replica that does not stream must restart, and how.
+pub(super) enum Stuck {
+    Reconnect(String),
+    Reclone(String),
+}
+
+/// Unused slots of pods no longer in the cluster, and since when each has
+/// been seen so.
+#[derive(Default)]
+pub(super) struct LeavingSlots(std::collections::HashMap<String, Instant>);
+
+impl LeavingSlots {
+    /// Of the `unused` slots, those named `<prefix><ordinal>` for a pod not
+    /// in `kept` that have been seen so for `grace`; forgets the others.
+    pub(super) fn due(
+        &mut self,
+        prefix: &str,
+        unused: Vec<String>,
+        kept: &[String],
+        grace: Duration,
+    ) -> Vec<String> {
+        let leaving: Vec<String> = unused
+            .into_iter()
+            .filter(|slot| {
+                slot.strip_prefix(prefix)
+                    .is_some_and(|o| !o.is_empty() && o.bytes().all(|b| b.is_ascii_digit()))
+                    && !kept.contains(slot)
+            })
+            .collect();
+        self.0.retain(|slot, _| leaving.contains(slot));
+        let now = Instant::now();
+        leaving
+            .into_iter()
+            .filter(|slot| now.duration_since(*self.0.entry(slot.clone()).or_insert(now)) >= grace)
+            .collect()
+    }
+}
+
+/// A question to the primary, given up after `limit`.
+pub(super) async fn bounded<T>(
+    limit: Duration,
+    question: impl Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    tokio::time::timeout(limit, question)
+        .await
+        .unwrap_or_else(|_| {
+            Err(Error::Timeout(format!(
+                "the primary did not answer within {limit:?}"
+            )))
+        })
+}
+
+/// Whether a server on `timeline`, replayed up to `position`, diverged from
+/// the history a `.history` file describes: its timeline is not an ancestor,
+/// or it replayed WAL past the point where the history left it.
+pub(super) fn forked(history: &str, timeline: u32, position: u64) -> Option<String> {
+    let switch = history.lines().find_map(|line| {
+        let mut fields = line.split_whitespace();
+        let parent: u32 = fields.next()?.parse().ok()?;
+        let at = parse_lsn(fields.next()?)?;
+        (parent == timeline).then_some(at)
+    });
+    match switch {
+        None => Some(format!("timeline {timeline} is not in its history")),
+        Some(at) if position > at => Some(format!(
+            "it replayed timeline {timeline} up to {}, past the switch at {}",
+            format_lsn(position),
+            format_lsn(at)
+        )),
+        Some(_) => None,
+    }
+}
+
+pub(super) fn format_lsn(lsn: u64) -> String {
+    format!("{:X}/{:X}", lsn >> 32, lsn & 0xFFFF_FFFF)
+}
+
+/// `0000000A.history` → 10.
+pub(super) fn history_timeline(name: &str) -> Option<u32> {
+    let hex = name.strip_suffix(".history")?;
+    (hex.len() == 8).then_some(())?;
+    u32::from_str_radix(hex, 16).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_history_shows_whether_a_replica_forked() {
+        let history = "1\t0/3000148\tno recovery target specified\n\n2\t0/5000000\tno recovery target specified\n";
+        assert_eq!(forked(history, 1, 0x300_0148), None);
+        assert_eq!(forked(history, 1, 0x300_0000), None);
+        assert_eq!(
+            forked(history, 1, 0x300_0200).as_deref(),
+            Some("it replayed timeline 1 up to 0/3000200, past the switch at 0/3000148")
+        );
+        assert_eq!(forked(history, 2, 0x500_0000), None);
+        assert_eq!(
+            forked(history, 4, 0x100).as_deref(),
+            Some("timeline 4 is not in its history")
+        );
+    }
+
+    #[test]
+    fn only_unused_slots_of_removed_pods_are_dropped_after_the_grace() {
+        let mut leaving = LeavingSlots::default();
+        let kept = ["orders_0".to_owned(), "orders_1".to_owned()];
+        let unused = || {
+            ["orders_1", "orders_3", "orders_extra", "other_4", "orders_"]
+                .map(str::to_owned)
+                .to_vec()
+        };
+        let grace = Duration::from_millis(50);
+        assert!(leaving.due("orders_", unused(), &kept, grace).is_empty());
+        std::thread::sleep(grace);
+        assert_eq!(leaving.due("orders_", unused(), &kept, grace), ["orders_3"]);
+        // Seen in use again (or back in the members): the wait starts over.
+        assert!(leaving.due("orders_", vec![], &kept, grace).is_empty());
+        assert!(leaving.due("orders_", unused(), &kept, grace).is_empty());
+    }
+
+    #[test]
+    fn history_file_names() {
+        assert_eq!(history_timeline("00000002.history"), Some(2));
+        assert_eq!(history_timeline("0000000A.history"), Some(10));
+        assert_eq!(history_timeline("000000010000000000000001"), None);
+        assert_eq!(history_timeline("2.history"), None);
+    }
+}
