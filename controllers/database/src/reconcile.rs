@@ -15,6 +15,7 @@ use cairn_runtime::apply::apply;
 use cairn_runtime::certs::{self, Authority};
 use cairn_runtime::conditions::Time;
 use cairn_runtime::events;
+use cairn_runtime::manager::Recheck;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
@@ -25,7 +26,6 @@ use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams, PostParams};
-use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -190,14 +190,14 @@ pub struct Caches {
     pub leases: Store<Lease>,
 }
 
-pub async fn reconcile(cluster: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub async fn reconcile(cluster: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Result<Recheck, Error> {
     if cluster.metadata.deletion_timestamp.is_some() {
         // Owner references hand the children to the garbage collector.
-        return Ok(Action::await_change());
+        return Ok(Recheck::AfterResync);
     }
     if ctx.decisions.is_behind(&cluster) {
         // The watch delivers the recorded decision within moments.
-        return Ok(Action::requeue(Duration::from_millis(200)));
+        return Ok(Recheck::Within(Duration::from_millis(200)));
     }
     let now = Time(Timestamp::now());
     let problems = validate::database_cluster(&cluster.spec);
@@ -218,11 +218,11 @@ pub async fn reconcile(cluster: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Resu
             &now,
         );
         write_status(&ctx, &cluster, refused).await?;
-        return Ok(Action::await_change());
+        return Ok(Recheck::AfterResync);
     }
     if cluster.spec.paused {
         write_status(&ctx, &cluster, status::paused(&cluster, &now)).await?;
-        return Ok(Action::await_change());
+        return Ok(Recheck::AfterResync);
     }
     let renew_at = ensure_tls(&ctx, &cluster).await?;
     let stateful_set = apply_children(&ctx, &cluster).await?;
@@ -316,7 +316,7 @@ pub async fn reconcile(cluster: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Resu
     write_status(&ctx, &cluster, observed).await?;
     // Heartbeats trigger reconciles; silence does not, hence the recheck.
     let renew_in = tls::until(renew_at, SystemTime::now());
-    Ok(Action::requeue(if initialized {
+    Ok(Recheck::Within(if initialized {
         recheck.min(renew_in)
     } else {
         renew_in

@@ -84,6 +84,16 @@ pub enum StartError {
     SeveralNamespaces(usize),
 }
 
+/// When a successfully reconciled object is looked at again, at the latest
+/// (a change of it or its children wakes it sooner anyway).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recheck {
+    /// After the resync interval: drift the watches cannot see.
+    AfterResync,
+    /// After this long, or after the resync interval if that is sooner.
+    Within(Duration),
+}
+
 /// Errors a reconcile returns say how they should be retried.
 pub trait Classify {
     fn class(&self) -> ErrorClass;
@@ -342,7 +352,7 @@ impl Manager {
         Ctx: Send + Sync + 'static,
         E: Classify + Display + std::error::Error + Send + Sync + 'static,
         F: Fn(Arc<K>, Arc<Ctx>) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Action, E>> + Send + 'static,
+        Fut: Future<Output = Result<Recheck, E>> + Send + 'static,
     {
         // Streams are lazy: nothing of this runs (and the caches keep being
         // drained) until `lead` polls it, as the leader.
@@ -619,7 +629,7 @@ impl<F, Ctx> Instrumented<F, Ctx> {
         K: Resource<DynamicType = ()>,
         E: Classify + Display,
         F: Fn(Arc<K>, Arc<Ctx>) -> Fut,
-        Fut: Future<Output = Result<Action, E>>,
+        Fut: Future<Output = Result<Recheck, E>>,
     {
         let kind = K::kind(&());
         let reference = ObjectRef::from_obj(&*object).to_string();
@@ -663,13 +673,10 @@ impl<F, Ctx> Instrumented<F, Ctx> {
             }
         }
         // A successful reconcile is checked again after the resync interval
-        // (drift the watches cannot see), unless it asked for sooner.
-        result.map(|action| {
-            if action == Action::await_change() {
-                Action::requeue(self.resync)
-            } else {
-                action
-            }
+        // (drift the watches cannot see), or sooner if it asked.
+        result.map(|recheck| match recheck {
+            Recheck::AfterResync => Action::requeue(self.resync),
+            Recheck::Within(delay) => Action::requeue(delay.min(self.resync)),
         })
     }
 
@@ -804,12 +811,12 @@ mod tests {
     type Reconcile = fn(
         Arc<k8s_openapi::api::core::v1::ConfigMap>,
         Arc<()>,
-    ) -> futures::future::Ready<Result<Action, Failure>>;
+    ) -> futures::future::Ready<Result<Recheck, Failure>>;
 
     fn instrumented() -> Instrumented<Reconcile, ()> {
         let metrics = Metrics::new("test", "0", "none").expect("valid metrics");
         Instrumented::new(
-            |_, _| futures::future::ready(Ok(Action::await_change())),
+            |_, _| futures::future::ready(Ok(Recheck::Within(Duration::from_secs(86_400)))),
             Arc::new(()),
             metrics,
             Backoff::default(),
@@ -875,6 +882,7 @@ mod tests {
         let object = config_map("a");
         instrumented.error_policy(object.clone(), &Failure(ErrorClass::Transient));
         assert_eq!(instrumented.lock_failures().len(), 1);
+        // It asked to be looked at again in a day: the resync comes first.
         let action = instrumented.reconcile(object).await.expect("succeeds");
         assert_eq!(action, Action::requeue(Duration::from_secs(300)));
         assert!(instrumented.lock_failures().is_empty());
