@@ -8,7 +8,8 @@
 #   3. builds the images of the database pods and the controller (hack/images.sh);
 #   4. starts a fresh local cluster in a temporary folder, with real nodes that
 #      get those images (stopped on exit, then checked for leftovers);
-#   5. runs every Rust test of the workspace against it (cargo test).
+#   5. runs every Rust test of the workspace against it (cargo test, every
+#      test binary even after a failure, so one run shows every failure).
 # Arguments, if any, replace `--workspace` in the cargo test call:
 #   hack/test.sh -p cairn-e2e --test smoke
 set -euo pipefail
@@ -91,7 +92,7 @@ step "build tests" cargo test --locked --no-run "${test_args[@]}"
 build_images() { IMAGES=$("$CAIRN_ROOT/hack/images.sh" workspace); }
 step "images" build_images
 step "local cluster up" start_cluster
-step "cargo test" cargo test --locked "${test_args[@]}"
+step "cargo test" cargo test --locked --no-fail-fast "${test_args[@]}"
 step "local cluster down" stop_cluster
 trap - EXIT
 
