@@ -7,6 +7,9 @@ CAIRN_CACHE=${CAIRN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cairn}
 export CAIRN_ROOT CAIRN_CACHE
 # Rust build output is shared across clones of the repository.
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$CAIRN_CACHE/cargo-target}
+# Incremental compilation keeps gigabytes per build of each test binary; CI
+# builds from clean clones, where it saves little.
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 
 log() { printf '\033[1;34m[cairn]\033[0m %s\n' "$*" >&2; }
 die() { printf '\033[1;31m[cairn] error:\033[0m %s\n' "$*" >&2; exit 1; }
