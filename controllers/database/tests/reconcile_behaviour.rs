@@ -101,7 +101,7 @@ async fn steady_state_writes_nothing_and_metrics_name_no_object() -> Result<(), 
     let user = support::user(&namespace, &account);
     let writes_before = support::writes_by(&user, &namespace.name)?.len();
     let reconciles_before = reconciles(&process).await?;
-    tokio::time::sleep(Duration::from_secs(25)).await;
+    tokio::time::sleep(Duration::from_secs(60)).await;
     // The audit log is written in batches at most a second late.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let idle_writes: Vec<_> = support::writes_by(&user, &namespace.name)?
@@ -111,7 +111,7 @@ async fn steady_state_writes_nothing_and_metrics_name_no_object() -> Result<(), 
         .collect();
     let idle_reconciles = reconciles(&process).await? - reconciles_before;
     println!(
-        "idle 25 s: {idle_reconciles} reconciles, {} writes",
+        "idle 60 s: {idle_reconciles} reconciles, {} writes",
         idle_writes.len()
     );
     assert!(idle_reconciles >= 2.0, "resyncs ran: {idle_reconciles}");
