@@ -161,10 +161,13 @@ impl Metrics {
     /// Everything registered, in the Prometheus text format.
     pub fn render(&self) -> String {
         let mut buffer = Vec::new();
-        // Encoding into a Vec cannot fail for well-formed metrics.
         let mut families = self.registry.gather();
         families.extend(self.process_registry.gather());
-        let _ = TextEncoder::new().encode(&families, &mut buffer);
+        // Only a malformed family fails; the scrape still gets what encoded.
+        if let Err(e) = TextEncoder::new().encode(&families, &mut buffer) {
+            tracing::error!(error = %e, "cannot encode the metrics");
+            self.record_runtime_error(RuntimeError::Serialization);
+        }
         String::from_utf8_lossy(&buffer).into_owned()
     }
 }
