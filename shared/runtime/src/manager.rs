@@ -303,10 +303,9 @@ impl Manager {
                             // done: what the relist lacks was deleted meanwhile.
                             watcher::Event::Init => before_relist = Some(counted.state()),
                             watcher::Event::InitDone => {
-                                for object in before_relist.take().unwrap_or_default() {
-                                    if counted.get(&ObjectRef::from_obj(&*object)).is_none() {
-                                        let _ = deleted.send(object);
-                                    }
+                                let before = before_relist.take().unwrap_or_default();
+                                for object in gone_after_relist(before, &counted) {
+                                    let _ = deleted.send(object);
                                 }
                             }
                             watcher::Event::Apply(_) | watcher::Event::InitApply(_) => {}
@@ -449,6 +448,18 @@ impl Manager {
             }
         }
     }
+}
+
+/// The objects of `before` (the cache before a relist) that the relisted
+/// `store` no longer holds: deleted while the watch was down.
+fn gone_after_relist<K>(before: Vec<Arc<K>>, store: &Store<K>) -> Vec<Arc<K>>
+where
+    K: Resource<DynamicType = ()> + Clone,
+{
+    before
+        .into_iter()
+        .filter(|object| store.get(&ObjectRef::from_obj(&**object)).is_none())
+        .collect()
 }
 
 /// A cache of one kind, shared by every controller of the process.
@@ -874,6 +885,23 @@ mod tests {
         let left: Vec<String> = instrumented.lock_failures().keys().cloned().collect();
         assert_eq!(left.len(), 1);
         assert!(left[0].contains("kept"), "{left:?}");
+    }
+
+    #[test]
+    fn a_relist_reveals_the_deletions_the_watch_missed() {
+        let (store, mut writer) = reflector::store::<k8s_openapi::api::core::v1::ConfigMap>();
+        for name in ["kept", "deleted"] {
+            writer.apply_watcher_event(&watcher::Event::Apply((*config_map(name)).clone()));
+        }
+        let before = store.state();
+        writer.apply_watcher_event(&watcher::Event::Init);
+        writer.apply_watcher_event(&watcher::Event::InitApply((*config_map("kept")).clone()));
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        let gone: Vec<String> = gone_after_relist(before, &store)
+            .iter()
+            .map(|o| o.metadata.name.clone().unwrap_or_default())
+            .collect();
+        assert_eq!(gone, vec!["deleted".to_owned()]);
     }
 
     #[tokio::test]
