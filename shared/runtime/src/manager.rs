@@ -450,6 +450,32 @@ impl Manager {
     }
 }
 
+/// The changes that carry a new generation, and deletions (see
+/// [`Cache::trigger_on_spec_change`]).
+fn spec_changes<K>(
+    changes: impl Stream<Item = Change<K>> + Send + 'static,
+) -> impl Stream<Item = Arc<K>> + Send + 'static
+where
+    K: Resource<DynamicType = ()> + Send + Sync + 'static,
+{
+    let mut seen: HashMap<String, Option<i64>> = HashMap::new();
+    changes.filter_map(move |change| {
+        let passed = match change {
+            Change::Applied(object) => {
+                let meta = object.meta();
+                let key = meta.uid.clone().unwrap_or_default();
+                let changed = seen.insert(key, meta.generation) != Some(meta.generation);
+                changed.then_some(object)
+            }
+            Change::Deleted(object) => {
+                seen.remove(object.meta().uid.as_deref().unwrap_or_default());
+                Some(object)
+            }
+        };
+        std::future::ready(passed)
+    })
+}
+
 /// The objects of `before` (the cache before a relist) that the relisted
 /// `store` no longer holds: deleted while the watch was down.
 fn gone_after_relist<K>(before: Vec<Arc<K>>, store: &Store<K>) -> Vec<Arc<K>>
@@ -559,22 +585,7 @@ where
     /// generation 1 would be filtered out within it; this one keys by UID and
     /// forgets on deletion.
     pub fn trigger_on_spec_change(self) -> impl Stream<Item = Arc<K>> + Send + 'static {
-        let mut seen: HashMap<String, Option<i64>> = HashMap::new();
-        self.changes().filter_map(move |change| {
-            let passed = match change {
-                Change::Applied(object) => {
-                    let meta = object.meta();
-                    let key = meta.uid.clone().unwrap_or_default();
-                    let changed = seen.insert(key, meta.generation) != Some(meta.generation);
-                    changed.then_some(object)
-                }
-                Change::Deleted(object) => {
-                    seen.remove(object.meta().uid.as_deref().unwrap_or_default());
-                    Some(object)
-                }
-            };
-            std::future::ready(passed)
-        })
+        spec_changes(self.changes())
     }
 
     fn changes(self) -> impl Stream<Item = Change<K>> + Send + 'static {
@@ -885,6 +896,28 @@ mod tests {
         let left: Vec<String> = instrumented.lock_failures().keys().cloned().collect();
         assert_eq!(left.len(), 1);
         assert!(left[0].contains("kept"), "{left:?}");
+    }
+
+    #[tokio::test]
+    async fn the_spec_filter_passes_changes_of_generation_and_forgets_deleted_objects() {
+        let object = |generation: i64| {
+            let mut object = (*config_map("a")).clone();
+            object.metadata.uid = Some("uid-a".into());
+            object.metadata.generation = Some(generation);
+            Arc::new(object)
+        };
+        let changes = futures::stream::iter(vec![
+            Change::Applied(object(1)),
+            Change::Applied(object(1)), // a status write: same generation
+            Change::Applied(object(2)),
+            Change::Deleted(object(2)),
+            Change::Applied(object(2)), // forgotten: passes again
+        ]);
+        let passed: Vec<i64> = spec_changes(changes)
+            .map(|o| o.metadata.generation.unwrap_or_default())
+            .collect()
+            .await;
+        assert_eq!(passed, vec![1, 2, 2, 2]);
     }
 
     #[test]
