@@ -7,8 +7,9 @@
 //!   hack/bench.sh database-clusters 100
 //!
 //! With `churn TOTAL`, it creates and deletes TOTAL clusters in batches of
-//! 200 (each batch Ready, then deleted and its children collected) and
-//! prints the controller's RSS before and after the churn:
+//! 200 (each batch Ready, then deleted; the garbage collector removes the
+//! children meanwhile) and prints the controller's RSS after a warm-up batch
+//! and after the churn, each once every child is gone:
 //!
 //!   hack/bench.sh churn 2000
 //!
@@ -219,12 +220,14 @@ async fn churn(total: usize) -> Result<(), Error> {
     let clusters = namespace.api::<DatabaseCluster>();
     let started = Instant::now();
     // A first batch brings the caches and the allocator to working size.
-    churn_batch(&namespace, &clusters, 0..CHURN_BATCH, started).await?;
+    churn_batch(&clusters, 0..CHURN_BATCH, started).await?;
+    until_children_gone(&namespace).await?;
     let before = rss_kib(&controller, "VmRSS:");
     let mut next = CHURN_BATCH;
     while next < CHURN_BATCH + total {
         let end = (next + CHURN_BATCH).min(CHURN_BATCH + total);
-        churn_batch(&namespace, &clusters, next..end, started).await?;
+        // The garbage collector removes the children meanwhile.
+        churn_batch(&clusters, next..end, started).await?;
         eprintln!(
             "{} of {total} created and deleted after {} s",
             end - CHURN_BATCH,
@@ -232,6 +235,7 @@ async fn churn(total: usize) -> Result<(), Error> {
         );
         next = end;
     }
+    until_children_gone(&namespace).await?;
     let after = rss_kib(&controller, "VmRSS:");
     let in_cache: f64 = controller
         .metrics()
@@ -268,9 +272,8 @@ async fn churn(total: usize) -> Result<(), Error> {
     Ok(())
 }
 
-/// One batch: created, all Ready, deleted, and every child collected.
+/// One batch: created, all Ready, and deleted.
 async fn churn_batch(
-    namespace: &TestNamespace,
     clusters: &Api<DatabaseCluster>,
     range: Range<usize>,
     started: Instant,
@@ -281,20 +284,27 @@ async fn churn_batch(
     clusters
         .delete_collection(&DeleteParams::background(), &ListParams::default())
         .await?;
+    wait::until("the batch gone", Duration::from_secs(600), || async {
+        let left = clusters
+            .list_metadata(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(left.items.is_empty().then_some(()))
+    })
+    .await
+}
+
+/// Waits until the garbage collector has removed every child.
+async fn until_children_gone(namespace: &TestNamespace) -> Result<(), Error> {
     let pods = namespace.api::<Pod>();
     let sets = namespace.api::<StatefulSet>();
     let managed = ListParams::default().labels("app.kubernetes.io/managed-by=cairn");
     wait::until(
-        "the batch and its children gone",
+        "every child collected",
         Duration::from_secs(1800),
         || async {
             let count = |n: Result<usize, kube::Error>| n.map_err(|e| e.to_string());
-            let left = count(
-                clusters
-                    .list_metadata(&ListParams::default())
-                    .await
-                    .map(|l| l.items.len()),
-            )? + count(sets.list_metadata(&managed).await.map(|l| l.items.len()))?
+            let left = count(sets.list_metadata(&managed).await.map(|l| l.items.len()))?
                 + count(pods.list_metadata(&managed).await.map(|l| l.items.len()))?;
             if left == 0 {
                 return Ok(Some(()));
