@@ -314,21 +314,19 @@ pub(super) fn sibling(data: &Path, suffix: &str) -> PathBuf {
 }
 
 pub(super) fn remove_if_present(file: &Path) -> Result<(), Error> {
-    match std::fs::remove_file(file) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::Io {
-            what: file.display().to_string(),
-            source: e,
-        }),
-        _ => Ok(()),
-    }
+    absent_is_fine(std::fs::remove_file(file), file)
 }
 
 pub(super) fn remove_dir_if_present(dir: &Path) -> Result<(), Error> {
-    match std::fs::remove_dir_all(dir) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::Io {
-            what: dir.display().to_string(),
-            source: e,
-        }),
+    absent_is_fine(std::fs::remove_dir_all(dir), dir)
+}
+
+/// A path already gone is what removing it wanted.
+fn absent_is_fine(removed: std::io::Result<()>, path: &Path) -> Result<(), Error> {
+    match removed {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).context(|| path.display().to_string())
+        }
         _ => Ok(()),
     }
 }
