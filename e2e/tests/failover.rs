@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use cairn_api::database::instance::ROLE_LABEL;
 use cairn_api::database::v1::DatabaseCluster;
+use cairn_database_controller::switchover::SWITCHOVER_ANNOTATION;
 use cairn_e2e::real::{
     READY_TIMEOUT, Write, cluster_spec, current_primary, enforce_restricted_pod_security,
     install_controller, node_of, other_real_node, psql, rows_present, start_client_on,
@@ -129,9 +130,10 @@ async fn a_stopped_primary_node_fails_over_and_the_old_primary_rejoins() -> Resu
 }
 
 /// `kubectl annotate dbc ledger database.cairn.dev/switchover-to=<to>`:
-/// waits until it completed, `-rw` reaches `to`, and writes go through.
+/// waits until it completed, `-rw` reaches `to`, and writes go through; then
+/// removes the annotation, as the docs advise.
 async fn switch_over(ns: &TestNamespace, clusters: &Api<DatabaseCluster>, to: &str) -> Result {
-    let annotate = format!("database.cairn.dev/switchover-to={to}");
+    let annotate = format!("{SWITCHOVER_ANNOTATION}={to}");
     cluster()
         .kubectl(&["-n", &ns.name, "annotate", "dbc", CLUSTER, &annotate])
         .await?;
@@ -164,7 +166,14 @@ async fn switch_over(ns: &TestNamespace, clusters: &Api<DatabaseCluster>, to: &s
     )
     .await?;
     until_psql(ns, RW, "SELECT pg_is_in_recovery()", "f").await?;
-    until_acknowledged_after(ns, 20).await
+    until_acknowledged_after(ns, 20).await?;
+    // The annotation is a lasting preference: left in place, it would switch
+    // back to `to` after the partition's failover, while the rows are counted.
+    let remove = format!("{SWITCHOVER_ANNOTATION}-");
+    cluster()
+        .kubectl(&["-n", &ns.name, "annotate", "dbc", CLUSTER, &remove])
+        .await?;
+    Ok(())
 }
 
 /// With the token the kubelet gives pod `ledger-1`: its own Lease may be
