@@ -46,6 +46,9 @@ if [[ $bench == failover ]]; then
 fi
 
 cargo build --release --locked -p cairn-database-controller
+# The garbage collector deletes every child of a deleted cluster: at the
+# upstream client rate (20/s) thousands of children take many minutes.
+[[ $bench == churn ]] && export CAIRN_CONTROLLER_MANAGER_QPS=${CAIRN_CONTROLLER_MANAGER_QPS:-100}
 STATE=$(mktemp -d "${TMPDIR:-/tmp}/cairn-bench.XXXXXX")/cluster
 trap 'hack/local-cluster.sh down "$STATE"; rmdir "$(dirname "$STATE")" 2>/dev/null || true' EXIT
 hack/local-cluster.sh up "$STATE"

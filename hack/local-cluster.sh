@@ -33,6 +33,9 @@
 # CAIRN_REAL_NODES: how many real nodes, one per zone (default 3; 0 for none).
 # One cluster with real nodes runs on a machine at a time (they share the
 # host's iptables and routes).
+# CAIRN_CONTROLLER_MANAGER_QPS: kube-controller-manager's client rate (default
+# 20, upstream's); benchmarks raise it as a cluster sized for their load would,
+# so the garbage collector and the workload controllers keep up.
 #
 # STATE_DIR defaults to $CAIRN_CACHE/clusters/dev. It holds certificates, the
 # admin kubeconfig, the etcd data, logs and pid files; `env` lists what is where.
@@ -44,6 +47,8 @@ SERVICE_CIDR=10.96.0.0/16
 SERVICE_API_IP=10.96.0.1
 START_TIMEOUT=${CAIRN_START_TIMEOUT:-90}
 REAL_NODES=${CAIRN_REAL_NODES:-3}
+MANAGER_QPS=${CAIRN_CONTROLLER_MANAGER_QPS:-20}
+[[ $MANAGER_QPS =~ ^[0-9]+$ ]] || die "CAIRN_CONTROLLER_MANAGER_QPS=$MANAGER_QPS: a whole number"
 [[ $REAL_NODES =~ ^[0-3]$ ]] || die "CAIRN_REAL_NODES=$REAL_NODES: 0 to 3"
 # Taint and annotation of the kwok nodes: only pods that tolerate it land there.
 KWOK_TAINT=kwok.x-k8s.io/node
@@ -219,7 +224,7 @@ start_controllers() { # ports: controller-manager scheduler kwok
     --service-account-private-key-file="$pki/service-account.key" --root-ca-file="$pki/ca.crt" \
     --cluster-signing-cert-file="$pki/ca.crt" --cluster-signing-key-file="$pki/ca.key" \
     --enable-hostpath-provisioner=true \
-    --concurrent-gc-syncs=10
+    --concurrent-gc-syncs=10 --kube-api-qps="$MANAGER_QPS" --kube-api-burst=$((MANAGER_QPS * 3 / 2))
   start kube-scheduler "$BIN/kube-scheduler" \
     --kubeconfig="$kubeconfig" --authentication-kubeconfig="$kubeconfig" --authorization-kubeconfig="$kubeconfig" \
     --bind-address=127.0.0.1 --secure-port="$2" --leader-elect=false

@@ -7,9 +7,9 @@
 //!   hack/bench.sh database-clusters 100
 //!
 //! With `churn TOTAL`, it creates and deletes TOTAL clusters in batches of
-//! 200 (each batch Ready, then deleted; the garbage collector removes the
-//! children meanwhile) and prints the controller's RSS after a warm-up batch
-//! and after the churn, each once every child is gone:
+//! 200 (each batch Ready, then deleted, then every child collected and gone
+//! from the controller's caches) and prints the controller's RSS after a
+//! warm-up batch, after each batch and after the churn:
 //!
 //!   hack/bench.sh churn 2000
 //!
@@ -26,8 +26,6 @@ use std::ops::Range;
 
 use cairn_testing::{Error, TestNamespace, audit, cluster, crds, wait};
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 
@@ -219,36 +217,34 @@ async fn churn(total: usize) -> Result<(), Error> {
     let (namespace, controller, _) = start_controller().await?;
     let clusters = namespace.api::<DatabaseCluster>();
     let started = Instant::now();
+    // What the caches hold with no cluster (StorageClasses and the like).
+    let empty = cached_objects(&controller).await?;
     // A first batch brings the caches and the allocator to working size.
     churn_batch(&clusters, 0..CHURN_BATCH, started).await?;
-    until_children_gone(&namespace).await?;
+    until_caches_hold(&controller, empty).await?;
     let before = rss_kib(&controller, "VmRSS:");
-    let mut next = CHURN_BATCH;
-    while next < CHURN_BATCH + total {
-        let end = (next + CHURN_BATCH).min(CHURN_BATCH + total);
-        // The garbage collector removes the children meanwhile.
-        churn_batch(&clusters, next..end, started).await?;
-        eprintln!(
-            "{} of {total} created and deleted after {} s",
-            end - CHURN_BATCH,
-            started.elapsed().as_secs()
-        );
-        next = end;
-    }
-    until_children_gone(&namespace).await?;
-    let after = rss_kib(&controller, "VmRSS:");
-    let in_cache: f64 = controller
-        .metrics()
-        .await?
-        .lines()
-        .filter(|l| l.starts_with("cairn_objects_in_cache{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
     let mib = |kib: Option<u64>| {
         kib.map_or("unknown".to_owned(), |k| {
             format!("{:.1} MiB", k as f64 / 1024.0)
         })
     };
+    eprintln!("warm-up batch gone: RSS {}", mib(before));
+    let mut next = CHURN_BATCH;
+    while next < CHURN_BATCH + total {
+        let end = (next + CHURN_BATCH).min(CHURN_BATCH + total);
+        churn_batch(&clusters, next..end, started).await?;
+        // Every child collected and gone from the caches: each batch ends
+        // where the warm-up ended, so a leak shows as growth.
+        until_caches_hold(&controller, empty).await?;
+        eprintln!(
+            "{} of {total} created and deleted after {} s: RSS {}",
+            end - CHURN_BATCH,
+            started.elapsed().as_secs(),
+            mib(rss_kib(&controller, "VmRSS:"))
+        );
+        next = end;
+    }
+    let after = rss_kib(&controller, "VmRSS:");
     println!("\n## {total} DatabaseClusters created and deleted, {CHURN_BATCH} at a time\n");
     println!("| figure | value |\n|---|---|");
     println!(
@@ -262,7 +258,7 @@ async fn churn(total: usize) -> Result<(), Error> {
             (after as f64 - before as f64) * 100.0 / before as f64
         );
     }
-    println!("| objects in the controller's caches after | {in_cache} |");
+    println!("| objects in the controller's caches after | {empty} |");
     println!(
         "| controller peak RSS | {} |",
         mib(rss_kib(&controller, "VmHWM:"))
@@ -270,6 +266,37 @@ async fn churn(total: usize) -> Result<(), Error> {
     println!("| duration | {:.0} s |", started.elapsed().as_secs_f64());
     drop(controller);
     Ok(())
+}
+
+/// The objects in the controller's caches, from its metrics.
+async fn cached_objects(controller: &ControllerProcess) -> Result<f64, Error> {
+    Ok(controller
+        .metrics()
+        .await?
+        .lines()
+        .filter(|l| l.starts_with("cairn_objects_in_cache{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
+
+/// Waits until the garbage collector has removed every child and the
+/// controller's caches hold `count` objects again.
+async fn until_caches_hold(controller: &ControllerProcess, count: f64) -> Result<(), Error> {
+    wait::until(
+        "every child collected",
+        Duration::from_secs(1800),
+        || async {
+            let cached = cached_objects(controller)
+                .await
+                .map_err(|e| e.to_string())?;
+            if cached <= count {
+                return Ok(Some(()));
+            }
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            Ok(None)
+        },
+    )
+    .await
 }
 
 /// One batch: created, all Ready, and deleted.
@@ -291,28 +318,6 @@ async fn churn_batch(
             .map_err(|e| e.to_string())?;
         Ok(left.items.is_empty().then_some(()))
     })
-    .await
-}
-
-/// Waits until the garbage collector has removed every child.
-async fn until_children_gone(namespace: &TestNamespace) -> Result<(), Error> {
-    let pods = namespace.api::<Pod>();
-    let sets = namespace.api::<StatefulSet>();
-    let managed = ListParams::default().labels("app.kubernetes.io/managed-by=cairn");
-    wait::until(
-        "every child collected",
-        Duration::from_secs(1800),
-        || async {
-            let count = |n: Result<usize, kube::Error>| n.map_err(|e| e.to_string());
-            let left = count(sets.list_metadata(&managed).await.map(|l| l.items.len()))?
-                + count(pods.list_metadata(&managed).await.map(|l| l.items.len()))?;
-            if left == 0 {
-                return Ok(Some(()));
-            }
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            Ok(None)
-        },
-    )
     .await
 }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 use cairn_database_controller::metrics::ClusterMetrics;
 use cairn_database_controller::reconcile::{self, Context};
 use cairn_database_controller::{MANAGER, webhook, wiring};
+use cairn_runtime::Allocator;
 use cairn_runtime::config::Config;
 use cairn_runtime::manager::{BuildInfo, Manager};
 use kube::runtime::events::Recorder;
@@ -19,6 +20,9 @@ const INFO: BuildInfo = BuildInfo {
         None => "unknown",
     },
 };
+
+#[global_allocator]
+static ALLOCATOR: Allocator = Allocator;
 
 #[tokio::main]
 async fn main() -> ExitCode {

@@ -24,3 +24,9 @@ pub mod manager;
 pub mod metrics;
 pub mod telemetry;
 pub mod webhook;
+
+/// The allocator of every controller binary (`#[global_allocator] static
+/// ALLOCATOR: Allocator = Allocator;` in its main.rs): jemalloc purges freed
+/// pages in the background, so memory freed after a burst of objects returns
+/// to the system; glibc's per-thread arenas keep the burst's peak.
+pub use tikv_jemallocator::Jemalloc as Allocator;
