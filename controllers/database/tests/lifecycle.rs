@@ -491,14 +491,7 @@ async fn twenty_clusters_converge_through_a_restart_then_idle_without_writes() -
     // Two idle minutes: no write from the controller's account.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let user = support::user(&namespace, &account);
-    let before = support::writes_by(&user, &namespace.name)?.len();
-    tokio::time::sleep(Duration::from_secs(120)).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let idle: Vec<_> = support::writes_by(&user, &namespace.name)?
-        .into_iter()
-        .skip(before)
-        .filter(|w| w.resource != "leases")
-        .collect();
+    let idle = support::writes_within(&user, &namespace.name, Duration::from_secs(120)).await?;
     println!(
         "writes in two idle minutes with 20 clusters: {}",
         idle.len()

@@ -51,12 +51,16 @@ async fn readiness_waits_for_caches_and_liveness_follows_the_api_server() -> Res
         &[("CAIRN_WATCH_FAILURE_LIMIT_SECONDS", "3")],
     )?;
     support::until_status(&process, "/livez", 200, Duration::from_secs(10)).await?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(
-        process.get("/readyz").await?.0,
-        503,
-        "caches cannot have synced"
-    );
+    // Watched for 2 s: never ready.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline {
+        assert_eq!(
+            process.get("/readyz").await?.0,
+            503,
+            "caches cannot have synced"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 
     let installed = support::install_rbac(&namespace, "probes").await?;
     assert_eq!(installed, account);

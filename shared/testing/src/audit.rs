@@ -3,7 +3,9 @@
 //! benchmarks count a controller's writes with it: a controller at steady state
 //! must make none.
 
-use std::path::Path;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
@@ -34,6 +36,65 @@ pub fn write_requests(log: &Path) -> Result<Vec<WriteRequest>, Error> {
         .map_err(|e| Error::Setup(format!("cannot read audit log {}: {e}", log.display())))?;
     Ok(parse(&text))
 }
+
+/// The audit log from a point on, read as it grows: what a test uses to show
+/// that nothing was written during a window, failing at the first write
+/// instead of after the window.
+pub struct Tail {
+    log: PathBuf,
+    offset: u64,
+}
+
+impl Tail {
+    /// Watches `log` from its current end.
+    pub fn from_now(log: &Path) -> Result<Self, Error> {
+        let offset = std::fs::metadata(log)
+            .map_err(|e| Error::Setup(format!("cannot read audit log {}: {e}", log.display())))?
+            .len();
+        Ok(Self {
+            log: log.to_owned(),
+            offset,
+        })
+    }
+
+    /// The write requests recorded since the last call (whole lines only).
+    pub fn recorded(&mut self) -> Result<Vec<WriteRequest>, Error> {
+        let unreadable = |e: std::io::Error| {
+            Error::Setup(format!("cannot read audit log {}: {e}", self.log.display()))
+        };
+        let mut file = std::fs::File::open(&self.log).map_err(unreadable)?;
+        file.seek(SeekFrom::Start(self.offset))
+            .map_err(unreadable)?;
+        let mut text = Vec::new();
+        file.read_to_end(&mut text).map_err(unreadable)?;
+        let complete = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        self.offset += complete as u64;
+        Ok(parse(&String::from_utf8_lossy(&text[..complete])))
+    }
+
+    /// Watches the log for `window` (and the API server's batch delay after
+    /// it): the requests `unwanted` matches, as soon as one is recorded;
+    /// empty if none was.
+    pub async fn unwanted_within(
+        &mut self,
+        window: Duration,
+        unwanted: impl Fn(&WriteRequest) -> bool,
+    ) -> Result<Vec<WriteRequest>, Error> {
+        let deadline = Instant::now() + window + BATCH_DELAY;
+        loop {
+            let found: Vec<_> = self.recorded()?.into_iter().filter(&unwanted).collect();
+            if !found.is_empty() || Instant::now() >= deadline {
+                return Ok(found);
+            }
+            tokio::time::sleep(POLL.min(deadline.saturating_duration_since(Instant::now()))).await;
+        }
+    }
+}
+
+/// How late the API server writes an audit event at most (its batch wait,
+/// `--audit-log-batch-max-wait=1s`, and a margin).
+const BATCH_DELAY: Duration = Duration::from_secs(2);
+const POLL: Duration = Duration::from_millis(250);
 
 /// Parses JSON-lines audit events, skipping lines that are not (for example a
 /// line the API server is still writing).
@@ -110,5 +171,49 @@ mod tests {
         assert_eq!(requests[0].code, Some(201));
         assert_eq!(requests[1].user, "cairn-admin");
         assert_eq!(requests[1].subresource.as_deref(), Some("status"));
+    }
+
+    #[tokio::test]
+    async fn a_tail_reads_only_whole_lines_written_after_it_started()
+    -> Result<(), Box<dyn std::error::Error>> {
+        use std::io::Write;
+        let line = |verb: &str| {
+            format!(
+                "{{\"stage\":\"ResponseComplete\",\"verb\":\"{verb}\",\"user\":{{\"username\":\"u\"}}}}\n"
+            )
+        };
+        let log = std::env::temp_dir().join(format!("cairn-audit-{}.log", std::process::id()));
+        std::fs::write(&log, line("create"))?;
+        let mut tail = Tail::from_now(&log)?;
+        let append = |text: &str| -> std::io::Result<()> {
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open(&log)?
+                .write_all(text.as_bytes())
+        };
+        let patch = line("patch");
+        append(&patch[..10])?;
+        assert_eq!(tail.recorded()?, vec![], "half a line waits");
+        append(&patch[10..])?;
+        let seen = tail.recorded()?;
+        assert_eq!(seen.len(), 1);
+        assert_eq!(seen[0].verb, "patch");
+
+        append(&line("delete"))?;
+        let started = Instant::now();
+        let found = tail
+            .unwanted_within(Duration::from_secs(30), |w| w.verb == "delete")
+            .await?;
+        assert_eq!(found.len(), 1);
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the first write ends the watch"
+        );
+        let none = tail
+            .unwanted_within(Duration::from_millis(10), |_| true)
+            .await?;
+        assert_eq!(none, vec![]);
+        std::fs::remove_file(&log)?;
+        Ok(())
     }
 }

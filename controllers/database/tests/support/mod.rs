@@ -132,6 +132,21 @@ pub fn writes_by(user: &str, namespace: &str) -> Result<Vec<audit::WriteRequest>
         .collect())
 }
 
+/// Watches the audit log from now on for `window`: the writes `user` makes in
+/// `namespace` (leader Lease renewals aside), as soon as one is recorded;
+/// empty when there was none.
+pub async fn writes_within(
+    user: &str,
+    namespace: &str,
+    window: Duration,
+) -> Result<Vec<audit::WriteRequest>, Error> {
+    audit::Tail::from_now(&cluster().audit_log())?
+        .unwanted_within(window, |w| {
+            w.user == user && w.namespace.as_deref() == Some(namespace) && w.resource != "leases"
+        })
+        .await
+}
+
 /// The user name the API server sees for ServiceAccount `namespace/account`.
 pub fn user(namespace: &TestNamespace, account: &str) -> String {
     format!("system:serviceaccount:{}:{account}", namespace.name)
