@@ -6,3 +6,5 @@
 
 /// The API group this controller reconciles.
 pub const GROUP: &str = cairn_api::CLOUD_GROUP;
+
+pub mod policy;
