@@ -26,6 +26,7 @@ use std::ops::Range;
 
 use cairn_testing::{Error, TestNamespace, audit, cluster, crds, wait};
 use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 
@@ -220,7 +221,7 @@ async fn churn(total: usize) -> Result<(), Error> {
     // What the caches hold with no cluster (StorageClasses and the like).
     let empty = cached_objects(&controller).await?;
     // A first batch brings the caches and the allocator to working size.
-    churn_batch(&clusters, 0..CHURN_BATCH, started).await?;
+    churn_batch(&clusters, &namespace.name, 0..CHURN_BATCH, started).await?;
     until_caches_hold(&controller, empty).await?;
     let before = rss_kib(&controller, "VmRSS:");
     let mib = |kib: Option<u64>| {
@@ -232,7 +233,7 @@ async fn churn(total: usize) -> Result<(), Error> {
     let mut next = CHURN_BATCH;
     while next < CHURN_BATCH + total {
         let end = (next + CHURN_BATCH).min(CHURN_BATCH + total);
-        churn_batch(&clusters, next..end, started).await?;
+        churn_batch(&clusters, &namespace.name, next..end, started).await?;
         // Every child collected and gone from the caches: each batch ends
         // where the warm-up ended, so a leak shows as growth.
         until_caches_hold(&controller, empty).await?;
@@ -299,9 +300,10 @@ async fn until_caches_hold(controller: &ControllerProcess, count: f64) -> Result
     .await
 }
 
-/// One batch: created, all Ready, and deleted.
+/// One batch: created, all Ready, and deleted with its volumes.
 async fn churn_batch(
     clusters: &Api<DatabaseCluster>,
+    namespace: &str,
     range: Range<usize>,
     started: Instant,
 ) -> Result<(), Error> {
@@ -318,7 +320,14 @@ async fn churn_batch(
             .map_err(|e| e.to_string())?;
         Ok(left.items.is_empty().then_some(()))
     })
-    .await
+    .await?;
+    // Volumes outlive their cluster (the data is kept): the user deletes them.
+    let volumes =
+        Api::<PersistentVolumeClaim>::namespaced(clusters.clone().into_client(), namespace);
+    volumes
+        .delete_collection(&DeleteParams::background(), &ListParams::default())
+        .await?;
+    Ok(())
 }
 
 /// `apiserver_request_total` summed by verb, from the API server's metrics.

@@ -7,4 +7,6 @@
 /// The API group this controller reconciles.
 pub const GROUP: &str = cairn_api::CLOUD_GROUP;
 
+pub mod bucket;
+pub mod external;
 pub mod policy;

@@ -1,0 +1,579 @@
+//! ObjectBucket → an S3 bucket. Reading the bucket's settings is kept apart
+//! from judging them: `Settings` is what S3 holds, `drift` (pure) says what
+//! differs from the spec, `Buckets` makes the calls.
+
+use std::collections::BTreeMap;
+
+use aws_sdk_s3::Client;
+use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_s3::types::{
+    BucketLifecycleConfiguration, BucketLocationConstraint, BucketVersioningStatus,
+    CreateBucketConfiguration, ExpirationStatus, LifecycleExpiration, LifecycleRule,
+    LifecycleRuleFilter, PublicAccessBlockConfiguration, ServerSideEncryption,
+    ServerSideEncryptionByDefault, ServerSideEncryptionConfiguration, ServerSideEncryptionRule,
+    Tag, Tagging, VersioningConfiguration,
+};
+use cairn_api::cloud::v1alpha1::{Encryption, ObjectBucketSpec};
+use k8s_openapi::jiff::Timestamp;
+
+use crate::external::{CloudError, External, OWNER_TAG, Observation};
+use crate::policy::Observed;
+
+/// The id of the lifecycle rule Cairn keeps (`spec.lifecycle`).
+const EXPIRY_RULE: &str = "cairn-expiry";
+
+/// The bucket an ObjectBucket manages: `spec.bucketName`, or one derived from
+/// its namespace, name and UID (S3 rules: 3–63 of `a-z0-9-`), so the same
+/// object always names the same bucket.
+pub fn bucket_name(spec: &ObjectBucketSpec, namespace: &str, name: &str, uid: &str) -> String {
+    if let Some(name) = &spec.bucket_name {
+        return name.clone();
+    }
+    let suffix: String = uid
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .take(8)
+        .collect::<String>()
+        .to_ascii_lowercase();
+    let mut base: String = format!("{namespace}-{name}")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .take(63 - 1 - suffix.len())
+        .collect();
+    while base.ends_with('-') {
+        base.pop();
+    }
+    format!("{base}-{suffix}")
+}
+
+/// What S3 holds for a bucket, as far as the spec is concerned.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Settings {
+    pub tags: BTreeMap<String, String>,
+    pub versioning: Option<String>,
+    pub encryption: Option<String>,
+    /// The four public-access-block switches, if a block is set.
+    pub public_access_block: Option<[bool; 4]>,
+    /// Days after which objects expire (Cairn's rule), and whether other
+    /// rules are there.
+    pub expire_after_days: Option<i32>,
+    pub other_lifecycle_rules: bool,
+}
+
+/// The tags a bucket must carry: the spec's and the owner tag.
+fn wanted_tags(spec: &ObjectBucketSpec, owner: &str) -> BTreeMap<String, String> {
+    let mut tags = spec.tags.clone();
+    tags.insert(OWNER_TAG.to_owned(), owner.to_owned());
+    tags
+}
+
+fn encryption_name(encryption: Encryption) -> &'static str {
+    match encryption {
+        Encryption::Aes256 => "AES256",
+        Encryption::AwsKms => "aws:kms",
+    }
+}
+
+/// What differs from the spec (empty: up to date).
+pub fn drift(spec: &ObjectBucketSpec, owner: &str, actual: &Settings) -> Vec<String> {
+    let mut drift = Vec::new();
+    if actual.tags != wanted_tags(spec, owner) {
+        drift.push("tags".to_owned());
+    }
+    let versioned = actual.versioning.as_deref() == Some("Enabled");
+    if spec.versioning != versioned {
+        drift.push("versioning".to_owned());
+    }
+    if let Some(wanted) = spec.encryption
+        && actual.encryption.as_deref() != Some(encryption_name(wanted))
+    {
+        drift.push("encryption".to_owned());
+    }
+    let blocked = actual.public_access_block == Some([true; 4]);
+    let unblocked = actual.public_access_block.is_none_or(|b| b == [false; 4]);
+    if (spec.public_access_block && !blocked) || (!spec.public_access_block && !unblocked) {
+        drift.push("public access block".to_owned());
+    }
+    let expiry = spec.lifecycle.as_ref().map(|l| l.expire_after_days);
+    if actual.expire_after_days != expiry || actual.other_lifecycle_rules {
+        drift.push("lifecycle".to_owned());
+    }
+    drift
+}
+
+/// S3 buckets, through one client (one ProviderConfig and region).
+pub struct Buckets {
+    pub s3: Client,
+    pub region: String,
+}
+
+impl Buckets {
+    async fn settings(&self, spec: &ObjectBucketSpec, name: &str) -> Result<Settings, CloudError> {
+        let versioning = self
+            .s3
+            .get_bucket_versioning()
+            .bucket(name)
+            .send()
+            .await
+            .map_err(|e| fail("GetBucketVersioning", e))?;
+        let encryption = match spec.encryption {
+            None => None,
+            Some(_) => absent_if(
+                self.s3.get_bucket_encryption().bucket(name).send().await,
+                "GetBucketEncryption",
+                &["ServerSideEncryptionConfigurationNotFoundError"],
+            )?
+            .and_then(|out| {
+                let rule = out
+                    .server_side_encryption_configuration?
+                    .rules
+                    .into_iter()
+                    .next()?;
+                Some(
+                    rule.apply_server_side_encryption_by_default?
+                        .sse_algorithm
+                        .as_str()
+                        .to_owned(),
+                )
+            }),
+        };
+        let block = absent_if(
+            self.s3.get_public_access_block().bucket(name).send().await,
+            "GetPublicAccessBlock",
+            &["NoSuchPublicAccessBlockConfiguration"],
+        )?
+        .and_then(|out| out.public_access_block_configuration)
+        .map(|c| {
+            [
+                c.block_public_acls.unwrap_or(false),
+                c.ignore_public_acls.unwrap_or(false),
+                c.block_public_policy.unwrap_or(false),
+                c.restrict_public_buckets.unwrap_or(false),
+            ]
+        });
+        let rules = absent_if(
+            self.s3
+                .get_bucket_lifecycle_configuration()
+                .bucket(name)
+                .send()
+                .await,
+            "GetBucketLifecycleConfiguration",
+            &["NoSuchLifecycleConfiguration"],
+        )?
+        .map(|out| out.rules.unwrap_or_default())
+        .unwrap_or_default();
+        let ours = |r: &LifecycleRule| r.id.as_deref() == Some(EXPIRY_RULE);
+        Ok(Settings {
+            tags: self.tags(name).await?,
+            versioning: versioning.status.map(|s| s.as_str().to_owned()),
+            encryption,
+            public_access_block: block,
+            expire_after_days: rules
+                .iter()
+                .find(|r| ours(r))
+                .and_then(|r| r.expiration.as_ref()?.days),
+            other_lifecycle_rules: rules.iter().any(|r| !ours(r)),
+        })
+    }
+
+    async fn tags(&self, name: &str) -> Result<BTreeMap<String, String>, CloudError> {
+        Ok(absent_if(
+            self.s3.get_bucket_tagging().bucket(name).send().await,
+            "GetBucketTagging",
+            &["NoSuchTagSet"],
+        )?
+        .map(|out| out.tag_set.into_iter().map(|t| (t.key, t.value)).collect())
+        .unwrap_or_default())
+    }
+
+    /// When S3 says the bucket was created (one listing).
+    async fn created(&self, name: &str) -> Result<Option<Timestamp>, CloudError> {
+        let listed = self
+            .s3
+            .list_buckets()
+            .prefix(name)
+            .send()
+            .await
+            .map_err(|e| fail("ListBuckets", e))?;
+        Ok(listed
+            .buckets()
+            .iter()
+            .find(|b| b.name() == Some(name))
+            .and_then(|b| b.creation_date())
+            .and_then(|d| Timestamp::from_second(d.secs()).ok()))
+    }
+}
+
+impl External for Buckets {
+    type Spec = ObjectBucketSpec;
+
+    async fn observe(
+        &self,
+        spec: &ObjectBucketSpec,
+        name: &str,
+        owner: &str,
+    ) -> Result<Observation, CloudError> {
+        match self.s3.head_bucket().bucket(name).send().await {
+            Ok(_) => {}
+            Err(e) if status(&e) == Some(404) => return Ok(Observation::absent()),
+            Err(e) if status(&e) == Some(403) => {
+                return Err(CloudError::Invalid {
+                    operation: "HeadBucket",
+                    code: "Forbidden".into(),
+                    message: format!(
+                        "bucket {name} exists and this account may not use it (a bucket name is global: choose another)"
+                    ),
+                });
+            }
+            Err(e) => return Err(fail("HeadBucket", e)),
+        }
+        let tags = self.tags(name).await?;
+        let tagged = tags.get(OWNER_TAG).cloned();
+        let mut at_provider = BTreeMap::from([
+            ("arn".to_owned(), format!("arn:aws:s3:::{name}")),
+            ("bucket".to_owned(), name.to_owned()),
+        ]);
+        let (created, drift) = if tagged.as_deref() == Some(owner) {
+            let settings = self.settings(spec, name).await?;
+            if let Some(versioning) = &settings.versioning {
+                at_provider.insert("versioning".to_owned(), versioning.clone());
+            }
+            (None, drift(spec, owner, &settings))
+        } else {
+            // Not tagged as ours: only when it was made matters.
+            (self.created(name).await?, Vec::new())
+        };
+        Ok(Observation {
+            observed: Observed::Present {
+                owner: tagged,
+                created,
+                up_to_date: drift.is_empty(),
+            },
+            at_provider,
+            drift,
+        })
+    }
+
+    async fn create(
+        &self,
+        spec: &ObjectBucketSpec,
+        name: &str,
+        owner: &str,
+    ) -> Result<(), CloudError> {
+        let mut request = self.s3.create_bucket().bucket(name);
+        // us-east-1 is the one region S3 wants no location constraint for.
+        if self.region != "us-east-1" {
+            request = request.create_bucket_configuration(
+                CreateBucketConfiguration::builder()
+                    .location_constraint(BucketLocationConstraint::from(self.region.as_str()))
+                    .build(),
+            );
+        }
+        match request.send().await {
+            Ok(_) => {}
+            Err(e) if e.code() == Some("BucketAlreadyOwnedByYou") => {}
+            Err(e) => return Err(fail("CreateBucket", e)),
+        }
+        self.update(spec, name, owner).await
+    }
+
+    async fn update(
+        &self,
+        spec: &ObjectBucketSpec,
+        name: &str,
+        owner: &str,
+    ) -> Result<(), CloudError> {
+        // The owner tag first: from then on the bucket is known as ours.
+        let tags = wanted_tags(spec, owner)
+            .into_iter()
+            .map(|(key, value)| Tag::builder().key(key).value(value).build())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(built)?;
+        let tagging = Tagging::builder()
+            .set_tag_set(Some(tags))
+            .build()
+            .map_err(built)?;
+        self.s3
+            .put_bucket_tagging()
+            .bucket(name)
+            .tagging(tagging)
+            .send()
+            .await
+            .map_err(|e| fail("PutBucketTagging", e))?;
+        let actual = self.settings(spec, name).await?;
+        let versioned = actual.versioning.as_deref() == Some("Enabled");
+        if spec.versioning != versioned && (spec.versioning || actual.versioning.is_some()) {
+            // A bucket once versioned can only be suspended.
+            let status = if spec.versioning {
+                BucketVersioningStatus::Enabled
+            } else {
+                BucketVersioningStatus::Suspended
+            };
+            self.s3
+                .put_bucket_versioning()
+                .bucket(name)
+                .versioning_configuration(VersioningConfiguration::builder().status(status).build())
+                .send()
+                .await
+                .map_err(|e| fail("PutBucketVersioning", e))?;
+        }
+        if let Some(wanted) = spec.encryption
+            && actual.encryption.as_deref() != Some(encryption_name(wanted))
+        {
+            let rule = ServerSideEncryptionRule::builder()
+                .apply_server_side_encryption_by_default(
+                    ServerSideEncryptionByDefault::builder()
+                        .sse_algorithm(ServerSideEncryption::from(encryption_name(wanted)))
+                        .build()
+                        .map_err(built)?,
+                )
+                .build();
+            let configuration = ServerSideEncryptionConfiguration::builder()
+                .rules(rule)
+                .build()
+                .map_err(built)?;
+            self.s3
+                .put_bucket_encryption()
+                .bucket(name)
+                .server_side_encryption_configuration(configuration)
+                .send()
+                .await
+                .map_err(|e| fail("PutBucketEncryption", e))?;
+        }
+        if spec.public_access_block && actual.public_access_block != Some([true; 4]) {
+            let block = PublicAccessBlockConfiguration::builder()
+                .block_public_acls(true)
+                .ignore_public_acls(true)
+                .block_public_policy(true)
+                .restrict_public_buckets(true)
+                .build();
+            self.s3
+                .put_public_access_block()
+                .bucket(name)
+                .public_access_block_configuration(block)
+                .send()
+                .await
+                .map_err(|e| fail("PutPublicAccessBlock", e))?;
+        } else if !spec.public_access_block && actual.public_access_block.is_some() {
+            self.s3
+                .delete_public_access_block()
+                .bucket(name)
+                .send()
+                .await
+                .map_err(|e| fail("DeletePublicAccessBlock", e))?;
+        }
+        let expiry = spec.lifecycle.as_ref().map(|l| l.expire_after_days);
+        if actual.expire_after_days != expiry || actual.other_lifecycle_rules {
+            self.put_lifecycle(name, expiry).await?;
+        }
+        Ok(())
+    }
+
+    async fn delete(&self, name: &str) -> Result<(), CloudError> {
+        match self.s3.delete_bucket().bucket(name).send().await {
+            Ok(_) => Ok(()),
+            Err(e) if e.code() == Some("NoSuchBucket") || status(&e) == Some(404) => Ok(()),
+            Err(e) => Err(fail("DeleteBucket", e)),
+        }
+    }
+}
+
+impl Buckets {
+    /// The lifecycle configuration is Cairn's: its one expiry rule, or none.
+    async fn put_lifecycle(&self, name: &str, expiry: Option<i32>) -> Result<(), CloudError> {
+        let Some(days) = expiry else {
+            return self
+                .s3
+                .delete_bucket_lifecycle()
+                .bucket(name)
+                .send()
+                .await
+                .map(|_| ())
+                .map_err(|e| fail("DeleteBucketLifecycle", e));
+        };
+        let rule = LifecycleRule::builder()
+            .id(EXPIRY_RULE)
+            .status(ExpirationStatus::Enabled)
+            .filter(LifecycleRuleFilter::builder().prefix("").build())
+            .expiration(LifecycleExpiration::builder().days(days).build())
+            .build()
+            .map_err(built)?;
+        let configuration = BucketLifecycleConfiguration::builder()
+            .rules(rule)
+            .build()
+            .map_err(built)?;
+        self.s3
+            .put_bucket_lifecycle_configuration()
+            .bucket(name)
+            .lifecycle_configuration(configuration)
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| fail("PutBucketLifecycleConfiguration", e))
+    }
+}
+
+type Response = aws_sdk_s3::config::http::HttpResponse;
+
+fn status<E>(error: &SdkError<E, Response>) -> Option<u16> {
+    error.raw_response().map(|r| r.status().as_u16())
+}
+
+/// A failed call, classified.
+fn fail<E: ProvideErrorMetadata + std::error::Error + 'static>(
+    operation: &'static str,
+    error: SdkError<E, Response>,
+) -> CloudError {
+    let retry_after = error
+        .raw_response()
+        .and_then(|r| r.headers().get("retry-after"))
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(std::time::Duration::from_secs);
+    let message = error
+        .message()
+        .map(str::to_owned)
+        .unwrap_or_else(|| aws_sdk_s3::error::DisplayErrorContext(&error).to_string());
+    CloudError::from_response(
+        operation,
+        status(&error),
+        error.code(),
+        Some(&message),
+        retry_after,
+    )
+}
+
+/// `None` when S3 answers that the thing asked for is not set.
+fn absent_if<T, E: ProvideErrorMetadata + std::error::Error + 'static>(
+    result: Result<T, SdkError<E, Response>>,
+    operation: &'static str,
+    absent: &[&str],
+) -> Result<Option<T>, CloudError> {
+    match result {
+        Ok(out) => Ok(Some(out)),
+        Err(e) if e.code().is_some_and(|c| absent.contains(&c)) => Ok(None),
+        Err(e) => Err(fail(operation, e)),
+    }
+}
+
+/// A request this code built without a required field: a bug, reported as
+/// such rather than a panic.
+fn built(error: aws_sdk_s3::error::BuildError) -> CloudError {
+    CloudError::Invalid {
+        operation: "build request",
+        code: "BuildError".into(),
+        message: error.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_api::cloud::v1alpha1::{DeletionPolicy, Lifecycle, ManagementPolicy};
+    use cairn_api::common::LocalObjectReference;
+
+    fn spec() -> ObjectBucketSpec {
+        ObjectBucketSpec {
+            provider_config_ref: LocalObjectReference { name: "aws".into() },
+            bucket_name: None,
+            region: None,
+            versioning: true,
+            encryption: Some(Encryption::Aes256),
+            public_access_block: true,
+            lifecycle: Some(Lifecycle {
+                expire_after_days: 30,
+            }),
+            tags: BTreeMap::from([("team".to_owned(), "payments".to_owned())]),
+            deletion_policy: DeletionPolicy::Delete,
+            management_policy: ManagementPolicy::Manage,
+            write_connection_secret_to_ref: None,
+        }
+    }
+
+    fn as_specified() -> Settings {
+        Settings {
+            tags: wanted_tags(&spec(), "uid-1"),
+            versioning: Some("Enabled".into()),
+            encryption: Some("AES256".into()),
+            public_access_block: Some([true; 4]),
+            expire_after_days: Some(30),
+            other_lifecycle_rules: false,
+        }
+    }
+
+    #[test]
+    fn a_bucket_as_specified_has_no_drift_and_each_difference_is_named() {
+        assert_eq!(
+            drift(&spec(), "uid-1", &as_specified()),
+            Vec::<String>::new()
+        );
+        let changed = Settings {
+            tags: BTreeMap::new(),
+            versioning: Some("Suspended".into()),
+            encryption: Some("aws:kms".into()),
+            public_access_block: Some([true, true, false, true]),
+            expire_after_days: Some(7),
+            other_lifecycle_rules: false,
+        };
+        assert_eq!(
+            drift(&spec(), "uid-1", &changed),
+            [
+                "tags",
+                "versioning",
+                "encryption",
+                "public access block",
+                "lifecycle"
+            ]
+        );
+        let foreign_rule = Settings {
+            other_lifecycle_rules: true,
+            ..as_specified()
+        };
+        assert_eq!(drift(&spec(), "uid-1", &foreign_rule), ["lifecycle"]);
+    }
+
+    #[test]
+    fn settings_left_open_by_the_spec_are_not_drift() {
+        let open = ObjectBucketSpec {
+            versioning: false,
+            encryption: None,
+            public_access_block: false,
+            lifecycle: None,
+            ..spec()
+        };
+        let bare = Settings {
+            tags: wanted_tags(&open, "uid-1"),
+            encryption: Some("AES256".into()), // S3's default encryption
+            ..Settings::default()
+        };
+        assert_eq!(drift(&open, "uid-1", &bare), Vec::<String>::new());
+        let suspended = Settings {
+            versioning: Some("Suspended".into()),
+            ..bare
+        };
+        assert_eq!(drift(&open, "uid-1", &suspended), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_derived_name_is_stable_valid_and_unique_per_object() {
+        let name = bucket_name(&spec(), "payments", "ledger.backups", "7f3c9a2e-1111-2222");
+        assert_eq!(name, "payments-ledger-backups-7f3c9a2e");
+        let long = bucket_name(&spec(), &"n".repeat(63), &"o".repeat(253), "ABCDEF12-3456");
+        assert_eq!(long.len(), 63);
+        assert!(long.ends_with("-abcdef12"));
+        assert!(
+            long.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        );
+        let named = ObjectBucketSpec {
+            bucket_name: Some("chosen".into()),
+            ..spec()
+        };
+        assert_eq!(bucket_name(&named, "a", "b", "c"), "chosen");
+    }
+}

@@ -1,0 +1,210 @@
+//! One trait per external kind (Crossplane's `ExternalClient`): observe,
+//! create, claim, update and delete, each idempotent, each one call path to
+//! the provider. The generic order in which they are used is `policy`'s.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+
+use crate::policy::Observed;
+
+/// The tag on every external resource Cairn creates: its object's UID.
+pub const OWNER_TAG: &str = "cairn.dev/owner-uid";
+
+/// What one observation of the provider found.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Observation {
+    pub observed: Observed,
+    /// What the provider reports, for `status.atProvider`.
+    pub at_provider: BTreeMap<String, String>,
+    /// What differs from the spec, one phrase each (empty when up to date).
+    pub drift: Vec<String>,
+}
+
+impl Observation {
+    pub fn absent() -> Self {
+        Self {
+            observed: Observed::Absent,
+            at_provider: BTreeMap::new(),
+            drift: Vec::new(),
+        }
+    }
+}
+
+/// An external kind. `name` is the object's external name (deterministic:
+/// the same object always manages the same name), `owner` its UID.
+pub trait External {
+    /// The spec the resource should match.
+    type Spec: Sync;
+
+    fn observe(
+        &self,
+        spec: &Self::Spec,
+        name: &str,
+        owner: &str,
+    ) -> impl Future<Output = Result<Observation, CloudError>> + Send;
+
+    /// Creates it, tagged with `owner`, as the spec says.
+    fn create(
+        &self,
+        spec: &Self::Spec,
+        name: &str,
+        owner: &str,
+    ) -> impl Future<Output = Result<(), CloudError>> + Send;
+
+    /// Makes it match the spec, owner tag included (also how an interrupted
+    /// create or an adopted resource is claimed).
+    fn update(
+        &self,
+        spec: &Self::Spec,
+        name: &str,
+        owner: &str,
+    ) -> impl Future<Output = Result<(), CloudError>> + Send;
+
+    /// Deletes it; done when it is already gone.
+    fn delete(&self, name: &str) -> impl Future<Output = Result<(), CloudError>> + Send;
+}
+
+/// Why a call to the provider failed, by what to do about it.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CloudError {
+    /// Throttled: retried after the provider's hint, or with backoff.
+    #[error("{operation}: throttled by the provider ({code})")]
+    Throttled {
+        operation: &'static str,
+        code: String,
+        retry_after: Option<Duration>,
+    },
+    /// A fault of the provider or of the way there (5xx, timeout, no
+    /// connection): retried with backoff.
+    #[error("{operation}: {message}")]
+    Unavailable {
+        operation: &'static str,
+        message: String,
+    },
+    /// Refused for lack of permission: reported, retried with backoff (a
+    /// policy may be fixed meanwhile).
+    #[error("{operation}: permission denied ({code}): {message}")]
+    Denied {
+        operation: &'static str,
+        code: String,
+        message: String,
+    },
+    /// Another resource must change first (a bucket that still holds
+    /// objects): reported, retried with backoff.
+    #[error("{operation}: {message}")]
+    Dependency {
+        operation: &'static str,
+        message: String,
+    },
+    /// The request cannot succeed as the spec stands (a name taken by
+    /// another account, a zone that does not exist): terminal until the spec
+    /// changes.
+    #[error("{operation}: {code}: {message}")]
+    Invalid {
+        operation: &'static str,
+        code: String,
+        message: String,
+    },
+}
+
+impl CloudError {
+    /// The searchable reason of the `Synced=False` condition.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Throttled { .. } => "Throttled",
+            Self::Unavailable { .. } => "ProviderUnavailable",
+            Self::Denied { .. } => "PermissionDenied",
+            Self::Dependency { .. } => "DependencyNotReady",
+            Self::Invalid { .. } => "InvalidRequest",
+        }
+    }
+
+    /// Whether only a spec change can make the call succeed.
+    pub fn is_terminal(&self) -> bool {
+        matches!(self, Self::Invalid { .. })
+    }
+
+    /// Classifies an error response by its HTTP status and AWS error code.
+    pub fn from_response(
+        operation: &'static str,
+        status: Option<u16>,
+        code: Option<&str>,
+        message: Option<&str>,
+        retry_after: Option<Duration>,
+    ) -> Self {
+        let code = code.unwrap_or("Unknown").to_owned();
+        let message = message.unwrap_or("no message").to_owned();
+        match (status, code.as_str()) {
+            (_, "Throttling" | "ThrottlingException" | "SlowDown" | "RequestLimitExceeded")
+            | (Some(429), _) => Self::Throttled {
+                operation,
+                code,
+                retry_after,
+            },
+            (
+                _,
+                "BucketNotEmpty"
+                | "HostedZoneNotEmpty"
+                | "OperationAborted"
+                | "PriorRequestNotComplete",
+            ) => Self::Dependency { operation, message },
+            (
+                _,
+                "AccessDenied"
+                | "AccessDeniedException"
+                | "InvalidAccessKeyId"
+                | "SignatureDoesNotMatch"
+                | "ExpiredToken",
+            )
+            | (Some(401 | 403), _) => Self::Denied {
+                operation,
+                code,
+                message,
+            },
+            (Some(status), _) if status >= 500 => Self::Unavailable {
+                operation,
+                message: format!("{status} {code}: {message}"),
+            },
+            (None, _) => Self::Unavailable { operation, message },
+            _ => Self::Invalid {
+                operation,
+                code,
+                message,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn responses_are_classified_by_what_can_be_done() {
+        let classify = |status, code| CloudError::from_response("op", status, code, None, None);
+        assert_eq!(classify(Some(503), Some("SlowDown")).reason(), "Throttled");
+        assert_eq!(
+            classify(Some(400), Some("Throttling")).reason(),
+            "Throttled"
+        );
+        assert_eq!(classify(Some(429), None).reason(), "Throttled");
+        assert_eq!(
+            classify(Some(500), Some("InternalError")).reason(),
+            "ProviderUnavailable"
+        );
+        assert_eq!(classify(None, None).reason(), "ProviderUnavailable");
+        assert_eq!(
+            classify(Some(403), Some("AccessDenied")).reason(),
+            "PermissionDenied"
+        );
+        assert_eq!(
+            classify(Some(409), Some("BucketNotEmpty")).reason(),
+            "DependencyNotReady"
+        );
+        let taken = classify(Some(409), Some("BucketAlreadyExists"));
+        assert_eq!(taken.reason(), "InvalidRequest");
+        assert!(taken.is_terminal());
+        assert!(!classify(Some(500), None).is_terminal());
+    }
+}
