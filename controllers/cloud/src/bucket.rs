@@ -115,13 +115,12 @@ pub struct Buckets {
 
 impl Buckets {
     async fn settings(&self, spec: &ObjectBucketSpec, name: &str) -> Result<Settings, CloudError> {
-        let versioning = self
-            .s3
-            .get_bucket_versioning()
-            .bucket(name)
-            .send()
-            .await
-            .map_err(|e| fail("GetBucketVersioning", e))?;
+        let versioning = match self.s3.get_bucket_versioning().bucket(name).send().await {
+            Ok(out) => out.status.map(|s| s.as_str().to_owned()),
+            Err(e) => {
+                versioning_of_compatible_answer(&e).ok_or_else(|| fail("GetBucketVersioning", e))?
+            }
+        };
         let encryption = match spec.encryption {
             None => None,
             Some(_) => absent_if(
@@ -171,7 +170,7 @@ impl Buckets {
         let ours = |r: &LifecycleRule| r.id.as_deref() == Some(EXPIRY_RULE);
         Ok(Settings {
             tags: self.tags(name).await?,
-            versioning: versioning.status.map(|s| s.as_str().to_owned()),
+            versioning,
             encryption,
             public_access_block: block,
             expire_after_days: rules
@@ -446,6 +445,23 @@ fn fail<E: ProvideErrorMetadata + std::error::Error + 'static>(
         Some(&message),
         retry_after,
     )
+}
+
+/// Some S3-compatible services (moto 5.2) answer GetBucketVersioning with
+/// the root element `GetBucketVersioningResponse` where S3 has
+/// `VersioningConfiguration`, which the SDK refuses to parse: the status is
+/// read from such an answer's body.
+fn versioning_of_compatible_answer<E>(error: &SdkError<E, Response>) -> Option<Option<String>> {
+    let response = error.raw_response()?;
+    let body = std::str::from_utf8(response.body().bytes()?).ok()?;
+    if response.status().as_u16() != 200 || !body.contains("<GetBucketVersioningResponse") {
+        return None;
+    }
+    let status = body
+        .split_once("<Status>")
+        .and_then(|(_, rest)| rest.split_once("</Status>"))
+        .map(|(status, _)| status.to_owned());
+    Some(status)
 }
 
 /// `None` when S3 answers that the thing asked for is not set.
