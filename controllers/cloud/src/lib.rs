@@ -10,3 +10,4 @@ pub const GROUP: &str = cairn_api::CLOUD_GROUP;
 pub mod bucket;
 pub mod external;
 pub mod policy;
+pub mod provider;
