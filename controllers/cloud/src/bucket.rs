@@ -13,11 +13,16 @@ use aws_sdk_s3::types::{
     ServerSideEncryptionByDefault, ServerSideEncryptionConfiguration, ServerSideEncryptionRule,
     Tag, Tagging, VersioningConfiguration,
 };
-use cairn_api::cloud::v1alpha1::{Encryption, ObjectBucketSpec};
+use cairn_api::cloud::v1alpha1::{
+    CloudStatus, DeletionPolicy, Encryption, ManagementPolicy, ObjectBucket, ObjectBucketSpec,
+};
 use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
 
+use crate::driver::Managed;
 use crate::external::{CloudError, External, OWNER_TAG, Observation};
 use crate::policy::Observed;
+use crate::provider::Provider;
 
 /// The id of the lifecycle rule Cairn keeps (`spec.lifecycle`).
 const EXPIRY_RULE: &str = "cairn-expiry";
@@ -418,6 +423,51 @@ impl Buckets {
     }
 }
 
+impl Managed for ObjectBucket {
+    type External = Buckets;
+
+    fn desired(&self) -> &ObjectBucketSpec {
+        &self.spec
+    }
+
+    fn provider_config(&self) -> &str {
+        &self.spec.provider_config_ref.name
+    }
+
+    fn deletion_policy(&self) -> DeletionPolicy {
+        self.spec.deletion_policy
+    }
+
+    fn management_policy(&self) -> ManagementPolicy {
+        self.spec.management_policy
+    }
+
+    fn derived_name(&self) -> String {
+        bucket_name(
+            &self.spec,
+            &self.namespace().unwrap_or_default(),
+            &self.name_any(),
+            &self.uid().unwrap_or_default(),
+        )
+    }
+
+    fn cloud_status(&self) -> Option<&CloudStatus> {
+        self.status.as_ref()
+    }
+
+    fn external(&self, provider: &Provider) -> Buckets {
+        let region = self
+            .spec
+            .region
+            .clone()
+            .unwrap_or_else(|| provider.region().to_owned());
+        Buckets {
+            s3: provider.s3(&region),
+            region,
+        }
+    }
+}
+
 type Response = aws_sdk_s3::config::http::HttpResponse;
 
 fn status<E>(error: &SdkError<E, Response>) -> Option<u16> {
@@ -490,7 +540,7 @@ fn built(error: aws_sdk_s3::error::BuildError) -> CloudError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cairn_api::cloud::v1alpha1::{DeletionPolicy, Lifecycle, ManagementPolicy};
+    use cairn_api::cloud::v1alpha1::Lifecycle;
     use cairn_api::common::LocalObjectReference;
 
     fn spec() -> ObjectBucketSpec {

@@ -1,13 +1,16 @@
 //! cairn-cloud-controller: manages resources outside the cluster described by
 //! `ProviderConfig`, `ObjectBucket` and `DnsRecord` (group `cloud.cairn.dev`).
 //!
-//! The reconcile pipeline lands here with the cloud controller issue; the
-//! binary is a placeholder until then.
+//! One generic driver (`driver`, in the order `policy` decides) runs every
+//! external kind (`external`); `bucket` is the first. See
+//! docs/cloud-controller.md.
 
 /// The API group this controller reconciles.
 pub const GROUP: &str = cairn_api::CLOUD_GROUP;
 
 pub mod bucket;
+pub mod driver;
 pub mod external;
 pub mod policy;
 pub mod provider;
+pub mod wiring;

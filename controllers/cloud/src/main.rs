@@ -2,11 +2,36 @@
 
 use std::process::ExitCode;
 
-fn main() -> ExitCode {
-    eprintln!(
-        "cairn-cloud-controller {}: reconciles {} (not implemented yet; see the project issues)",
-        env!("CARGO_PKG_VERSION"),
-        cairn_cloud_controller::GROUP
-    );
-    ExitCode::FAILURE
+use cairn_api::cloud::v1alpha1::ObjectBucket;
+use cairn_cloud_controller::{driver, wiring};
+use cairn_runtime::Allocator;
+use cairn_runtime::config::Config;
+use cairn_runtime::manager::{BuildInfo, Manager};
+
+#[global_allocator]
+static ALLOCATOR: Allocator = Allocator;
+
+const INFO: BuildInfo = BuildInfo {
+    controller: "cloud",
+    version: env!("CARGO_PKG_VERSION"),
+    git_commit: match option_env!("CAIRN_GIT_COMMIT") {
+        Some(commit) => commit,
+        None => "unknown",
+    },
+};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    run().await.unwrap_or_else(|e| {
+        eprintln!("cairn-cloud-controller: cannot start: {e}");
+        ExitCode::FAILURE
+    })
+}
+
+async fn run() -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let mut manager = Manager::start(INFO, Config::load()).await?;
+    let (controller, context) = wiring::bucket_controller(&mut manager);
+    Ok(manager
+        .run(controller, driver::reconcile::<ObjectBucket>, context)
+        .await)
 }

@@ -450,21 +450,28 @@ impl Manager {
     }
 }
 
-/// The changes that carry a new generation, and deletions (see
-/// [`Cache::trigger_on_spec_change`]).
+fn hash(value: &impl std::hash::Hash) -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    static STATE: std::sync::OnceLock<RandomState> = std::sync::OnceLock::new();
+    STATE.get_or_init(RandomState::new).hash_one(value)
+}
+
+/// The changes that carry a new generation or new annotations, and
+/// deletions (see [`Cache::trigger_on_spec_change`]).
 fn spec_changes<K>(
     changes: impl Stream<Item = Change<K>> + Send + 'static,
 ) -> impl Stream<Item = Arc<K>> + Send + 'static
 where
     K: Resource<DynamicType = ()> + Send + Sync + 'static,
 {
-    let mut seen: HashMap<String, Option<i64>> = HashMap::new();
+    let mut seen: HashMap<String, (Option<i64>, u64)> = HashMap::new();
     changes.filter_map(move |change| {
         let passed = match change {
             Change::Applied(object) => {
                 let meta = object.meta();
                 let key = meta.uid.clone().unwrap_or_default();
-                let changed = seen.insert(key, meta.generation) != Some(meta.generation);
+                let desired = (meta.generation, hash(&meta.annotations));
+                let changed = seen.insert(key, desired) != Some(desired);
                 changed.then_some(object)
             }
             Change::Deleted(object) => {
@@ -576,7 +583,8 @@ where
 
     /// Like [`Cache::trigger`], but only when an object's `metadata.generation`
     /// changes (its spec, not its status: a controller's own status writes do
-    /// not wake it again), or it is deleted. For kinds with a status
+    /// not wake it again), its annotations change (requests such as a
+    /// switchover, an adoption or a pause are annotations), or it is deleted. For kinds with a status
     /// subresource. What it remembers of an object goes with the object.
     ///
     /// Own filter rather than kube-runtime's `predicates::generation`: that
@@ -899,25 +907,32 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_spec_filter_passes_changes_of_generation_and_forgets_deleted_objects() {
+    async fn the_spec_filter_passes_new_generations_and_annotations_and_forgets_deleted_objects() {
         let object = |generation: i64| {
             let mut object = (*config_map("a")).clone();
             object.metadata.uid = Some("uid-a".into());
             object.metadata.generation = Some(generation);
             Arc::new(object)
         };
+        let annotated = |generation: i64| {
+            let mut object = (*object(generation)).clone();
+            object.metadata.annotations = Some([("adopt".to_owned(), "true".to_owned())].into());
+            Arc::new(object)
+        };
         let changes = futures::stream::iter(vec![
             Change::Applied(object(1)),
             Change::Applied(object(1)), // a status write: same generation
             Change::Applied(object(2)),
-            Change::Deleted(object(2)),
+            Change::Applied(annotated(2)), // a request made by annotation
+            Change::Applied(annotated(2)),
+            Change::Deleted(annotated(2)),
             Change::Applied(object(2)), // forgotten: passes again
         ]);
         let passed: Vec<i64> = spec_changes(changes)
             .map(|o| o.metadata.generation.unwrap_or_default())
             .collect()
             .await;
-        assert_eq!(passed, vec![1, 2, 2, 2]);
+        assert_eq!(passed, vec![1, 2, 2, 2, 2]);
     }
 
     #[test]

@@ -1,0 +1,448 @@
+//! The one driver of every external kind (Crossplane's managed reconciler):
+//! read what the object asks, observe the provider, take the one step
+//! `policy` decides, and report it in the status. A kind plugs in through
+//! [`Managed`]; what it manages is reached through its [`External`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Debug;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cairn_api::cloud::v1alpha1::{
+    CloudStatus, DeletionPolicy, EXTERNAL_NAME_ANNOTATION, ManagementPolicy, ProviderConfig,
+};
+use cairn_runtime::conditions::{self, Time};
+use cairn_runtime::errors::ErrorClass;
+use cairn_runtime::finalizers;
+use cairn_runtime::manager::{Classify, Recheck};
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+
+use crate::external::{CloudError, External, Observation};
+use crate::policy::{
+    self, ADOPT_ANNOTATION, CREATE_PENDING_ANNOTATION, Intent, Observed, PAUSED_ANNOTATION, Step,
+};
+use crate::provider::{Provider, Unusable};
+
+/// Held while the external resource must be deleted with the object.
+pub const FINALIZER: &str = "cloud.cairn.dev/external-resource";
+/// The field manager of the controller's writes.
+pub const MANAGER: &str = "cairn-cloud-controller";
+/// Seconds between observations of an up-to-date resource, per object.
+pub const POLL_ANNOTATION: &str = "cloud.cairn.dev/poll-seconds";
+/// After a create, update or delete: observe again soon.
+const SOON: Duration = Duration::from_secs(2);
+
+/// A kind whose objects each manage one external resource.
+pub trait Managed:
+    Resource<DynamicType = (), Scope = NamespaceResourceScope>
+    + Clone
+    + Debug
+    + Serialize
+    + DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+    type External: External + Send + Sync;
+
+    fn desired(&self) -> &<Self::External as External>::Spec;
+    fn provider_config(&self) -> &str;
+    fn deletion_policy(&self) -> DeletionPolicy;
+    fn management_policy(&self) -> ManagementPolicy;
+    /// The external name when none is recorded yet (deterministic).
+    fn derived_name(&self) -> String;
+    fn cloud_status(&self) -> Option<&CloudStatus>;
+    /// The client of this kind through `provider`.
+    fn external(&self, provider: &Provider) -> Self::External;
+}
+
+/// Why a reconcile failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error(transparent)]
+    Cloud(#[from] CloudError),
+    /// The ProviderConfig or its Secret is missing or incomplete.
+    #[error("{0}")]
+    Provider(#[from] Unusable),
+    /// The resource is not this object's to manage.
+    #[error("{0}")]
+    Refused(String),
+}
+
+impl Classify for Error {
+    fn class(&self) -> ErrorClass {
+        match self {
+            Self::Kube(_) => ErrorClass::Transient,
+            Self::Cloud(e) if e.is_terminal() => ErrorClass::InvalidSpec,
+            Self::Cloud(CloudError::Dependency { .. }) | Self::Provider(_) => {
+                ErrorClass::DependencyNotReady
+            }
+            Self::Cloud(_) => ErrorClass::Transient,
+            Self::Refused(_) => ErrorClass::InvalidSpec,
+        }
+    }
+}
+
+/// What every reconcile shares.
+pub struct Context {
+    pub client: Client,
+    pub provider_configs: Store<ProviderConfig>,
+    /// One client (and token bucket) per ProviderConfig and Secret version.
+    providers: Mutex<HashMap<ObjectRef<ProviderConfig>, (String, Provider)>>,
+    /// Seconds between observations of an up-to-date resource.
+    pub poll: Duration,
+}
+
+impl Context {
+    pub fn new(client: Client, provider_configs: Store<ProviderConfig>, poll: Duration) -> Self {
+        Self {
+            client,
+            provider_configs,
+            providers: Mutex::new(HashMap::new()),
+            poll,
+        }
+    }
+
+    /// The provider of ProviderConfig `name` in `namespace`. Its Secret is
+    /// read, not cached: the controller may not watch every Secret.
+    async fn provider(&self, namespace: &str, name: &str) -> Result<Provider, Error> {
+        let key = ObjectRef::<ProviderConfig>::new(name).within(namespace);
+        let config = self.provider_configs.get(&key).ok_or_else(|| {
+            Unusable(format!(
+                "ProviderConfig {name} (spec.providerConfigRef) does not exist in this namespace"
+            ))
+        })?;
+        let secret = Api::<Secret>::namespaced(self.client.clone(), namespace)
+            .get_opt(&config.spec.credentials_secret_ref.name)
+            .await?;
+        let version = format!(
+            "{}/{}",
+            config.resource_version().unwrap_or_default(),
+            secret
+                .as_ref()
+                .and_then(ResourceExt::resource_version)
+                .unwrap_or_default()
+        );
+        let mut providers = self.providers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((known, provider)) = providers.get(&key)
+            && *known == version
+        {
+            return Ok(provider.clone());
+        }
+        let provider = Provider::new(&config.spec, secret.as_ref())?;
+        providers.insert(key, (version, provider.clone()));
+        Ok(provider)
+    }
+}
+
+/// What the object asks, for `policy`.
+fn intent(object: &impl Managed) -> Intent {
+    let flag = |annotation: &str| {
+        object
+            .annotations()
+            .get(annotation)
+            .is_some_and(|v| v == "true")
+    };
+    Intent {
+        deleting: object.meta().deletion_timestamp.is_some(),
+        paused: flag(PAUSED_ANNOTATION),
+        deletion: object.deletion_policy(),
+        management: object.management_policy(),
+        adopt: flag(ADOPT_ANNOTATION),
+        create_pending_since: object
+            .annotations()
+            .get(CREATE_PENDING_ANNOTATION)
+            .and_then(|t| t.parse::<Timestamp>().ok()),
+        uid: object.uid().unwrap_or_default(),
+    }
+}
+
+/// The external name recorded on the object, or the derived one.
+fn external_name(object: &impl Managed) -> String {
+    object
+        .annotations()
+        .get(EXTERNAL_NAME_ANNOTATION)
+        .cloned()
+        .unwrap_or_else(|| object.derived_name())
+}
+
+/// Reconciles one object of a managed kind.
+pub async fn reconcile<M: Managed>(object: Arc<M>, ctx: Arc<Context>) -> Result<Recheck, Error> {
+    let namespace = object.namespace().unwrap_or_default();
+    let api = Api::<M>::namespaced(ctx.client.clone(), &namespace);
+    let intent = intent(&*object);
+    match policy::before_observing(&intent) {
+        Some(Step::Skip) => {
+            let report = Report::synced(
+                false,
+                "ReconcilePaused",
+                "paused: remove the annotation to resume",
+            );
+            report.write(&api, &*object).await?;
+            return Ok(Recheck::AfterResync);
+        }
+        Some(_) => {
+            finalizers::remove(&api, &*object, FINALIZER).await?;
+            return Ok(Recheck::AfterResync);
+        }
+        None => {}
+    }
+    let provider = match ctx.provider(&namespace, object.provider_config()).await {
+        Ok(provider) => provider,
+        Err(Error::Provider(unusable)) => {
+            Report::synced(false, "ProviderConfigUnusable", &unusable.0)
+                .write(&api, &*object)
+                .await?;
+            return Err(unusable.into());
+        }
+        Err(e) => return Err(e),
+    };
+    let external = object.external(&provider);
+    let name = external_name(&*object);
+    let outcome = observe_and_act(&api, &*object, &external, &name, &intent).await;
+    match outcome {
+        Ok((report, recheck)) => {
+            report.write(&api, &*object).await?;
+            Ok(recheck.unwrap_or_else(|| Recheck::Within(poll_interval(&*object, ctx.poll))))
+        }
+        Err(Error::Cloud(e)) => {
+            Report::synced(false, e.reason(), &e.to_string())
+                .write(&api, &*object)
+                .await?;
+            Err(e.into())
+        }
+        Err(Error::Refused(message)) => {
+            Report::synced(false, "NotOwned", &message)
+                .ready(false, "NotOwned", &message)
+                .write(&api, &*object)
+                .await?;
+            Err(Error::Refused(message))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Observes, takes the step, and says what to report; `None`: recheck at
+/// the poll interval.
+async fn observe_and_act<M: Managed>(
+    api: &Api<M>,
+    object: &M,
+    external: &M::External,
+    name: &str,
+    intent: &Intent,
+) -> Result<(Report, Option<Recheck>), Error> {
+    let observation = external
+        .observe(object.desired(), name, &intent.uid)
+        .await?;
+    let step = policy::decide(intent, &observation.observed);
+    tracing::debug!(name, ?step, drift = ?observation.drift, "decided");
+    let soon = Some(Recheck::Within(SOON));
+    let done = Report::synced(true, "ReconcileSuccess", "");
+    Ok(match step {
+        Step::Skip => (Report::default(), None),
+        Step::Release => {
+            finalizers::remove(api, object, FINALIZER).await?;
+            (Report::default(), None)
+        }
+        Step::Delete => {
+            external.delete(name).await?;
+            (done.ready(false, "Deleting", name), soon)
+        }
+        Step::Create => {
+            mark_create_pending(api, object).await?;
+            external.create(object.desired(), name, &intent.uid).await?;
+            record_name(api, object, name).await?;
+            (done.ready(false, "Creating", name), soon)
+        }
+        Step::Claim | Step::Update => {
+            hold(api, object).await?;
+            external.update(object.desired(), name, &intent.uid).await?;
+            record_name(api, object, name).await?;
+            let drift = observation.drift.join(", ");
+            if !drift.is_empty() {
+                tracing::info!(name, drift, "corrected drift");
+            }
+            (done.ready(false, "Updating", name), soon)
+        }
+        Step::UpToDate => (
+            done.ready(true, "Available", name).observed(&observation),
+            None,
+        ),
+        Step::Report => {
+            let present = observation.observed != Observed::Absent;
+            let (reason, message) = if present {
+                ("Observed", format!("{name} exists (observe only)"))
+            } else {
+                (
+                    "NotFound",
+                    format!("{name} does not exist (observe only: never created)"),
+                )
+            };
+            (
+                done.ready(present, reason, &message).observed(&observation),
+                None,
+            )
+        }
+        Step::Refuse(refusal) => return Err(Error::Refused(refusal.message(name))),
+    })
+}
+
+/// The finalizer, before anything exists that it must clean up (only for
+/// policy Delete: an orphaned resource needs no clean-up).
+async fn hold<M: Managed>(api: &Api<M>, object: &M) -> Result<(), Error> {
+    if object.deletion_policy() == DeletionPolicy::Delete {
+        finalizers::add(api, object, FINALIZER).await?;
+    }
+    Ok(())
+}
+
+/// The create-pending marker and the finalizer (policy Delete), written
+/// before the create call in one write, and only if the object is still the
+/// version that observed the resource absent.
+async fn mark_create_pending<M: Managed>(api: &Api<M>, object: &M) -> Result<(), Error> {
+    let mut finalizers = object.finalizers().to_vec();
+    if object.deletion_policy() == DeletionPolicy::Delete
+        && !finalizers.iter().any(|f| f == FINALIZER)
+    {
+        finalizers.push(FINALIZER.to_owned());
+    }
+    if object.annotations().contains_key(CREATE_PENDING_ANNOTATION)
+        && finalizers == object.finalizers()
+    {
+        return Ok(());
+    }
+    let since = object
+        .annotations()
+        .get(CREATE_PENDING_ANNOTATION)
+        .cloned()
+        .unwrap_or_else(|| Timestamp::now().to_string());
+    let marker = json!({ "metadata": {
+        "resourceVersion": object.resource_version(),
+        "finalizers": finalizers,
+        "annotations": { CREATE_PENDING_ANNOTATION: since },
+    }});
+    api.patch(
+        &object.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&marker),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Records the external name and lifts the create-pending marker.
+async fn record_name<M: Managed>(api: &Api<M>, object: &M, name: &str) -> Result<(), Error> {
+    let annotations = object.annotations();
+    if annotations
+        .get(EXTERNAL_NAME_ANNOTATION)
+        .map(String::as_str)
+        == Some(name)
+        && !annotations.contains_key(CREATE_PENDING_ANNOTATION)
+    {
+        return Ok(());
+    }
+    let recorded = json!({ "metadata": { "annotations": {
+        EXTERNAL_NAME_ANNOTATION: name,
+        CREATE_PENDING_ANNOTATION: null,
+    }}});
+    api.patch(
+        &object.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&recorded),
+    )
+    .await?;
+    Ok(())
+}
+
+/// The poll interval of `object` (its annotation, or the default), with
+/// ±10 % jitter so that objects created together do not poll together.
+fn poll_interval(object: &impl Managed, default: Duration) -> Duration {
+    let base = object
+        .annotations()
+        .get(POLL_ANNOTATION)
+        .and_then(|s| s.parse::<u64>().ok())
+        .filter(|s| *s >= 10)
+        .map_or(default, Duration::from_secs);
+    base.mul_f64(rand::random_range(0.9..1.1))
+}
+
+/// The conditions and observations one reconcile reports.
+#[derive(Debug, Default)]
+struct Report {
+    synced: Option<(bool, String, String)>,
+    ready: Option<(bool, String, String)>,
+    at_provider: Option<BTreeMap<String, String>>,
+}
+
+impl Report {
+    fn synced(status: bool, reason: &str, message: &str) -> Self {
+        Self {
+            synced: Some((status, reason.to_owned(), message.to_owned())),
+            ..Self::default()
+        }
+    }
+
+    fn ready(mut self, status: bool, reason: &str, message: &str) -> Self {
+        self.ready = Some((status, reason.to_owned(), message.to_owned()));
+        self
+    }
+
+    fn observed(mut self, observation: &Observation) -> Self {
+        self.at_provider = Some(observation.at_provider.clone());
+        self
+    }
+
+    /// Writes the status if it changes (server-side apply of the fields
+    /// this controller owns); nothing at steady state.
+    async fn write<M: Managed>(self, api: &Api<M>, object: &M) -> Result<(), kube::Error> {
+        if self.synced.is_none() && self.ready.is_none() {
+            return Ok(());
+        }
+        let previous = object.cloud_status().cloned().unwrap_or_default();
+        let mut status = previous.clone();
+        let generation = object.meta().generation;
+        let now = Time(Timestamp::now());
+        for (type_, condition) in [("Synced", &self.synced), ("Ready", &self.ready)] {
+            if let Some((value, reason, message)) = condition {
+                let condition = conditions::new(
+                    type_,
+                    *value,
+                    reason,
+                    message.clone(),
+                    generation,
+                    now.clone(),
+                );
+                conditions::set(&mut status.conditions, condition);
+            }
+        }
+        if let Some(at_provider) = self.at_provider {
+            status.at_provider = at_provider;
+        }
+        status.observed_generation = generation;
+        if status == previous {
+            return Ok(());
+        }
+        let patch = json!({
+            "apiVersion": M::api_version(&()),
+            "kind": M::kind(&()),
+            "status": status,
+        });
+        api.patch_status(
+            &object.name_any(),
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
+        Ok(())
+    }
+}

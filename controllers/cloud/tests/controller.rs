@@ -1,0 +1,227 @@
+//! The cloud controller as a process, with its chart's RBAC, against the
+//! local cluster and its moto server: ObjectBuckets created, corrected,
+//! refused, adopted, orphaned and deleted as their policies say; S3 read back
+//! with the AWS SDK.
+
+use std::path::Path;
+use std::time::Duration;
+
+use cairn_api::cloud::v1alpha1::{EXTERNAL_NAME_ANNOTATION, ObjectBucket, ProviderConfig};
+use cairn_cloud_controller::driver::FINALIZER;
+use cairn_cloud_controller::external::OWNER_TAG;
+use cairn_cloud_controller::policy::ADOPT_ANNOTATION;
+use cairn_testing::process::ControllerProcess;
+use cairn_testing::{Error, TestNamespace, cluster, crds, s3, wait};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+
+type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+const CHART: &str = "cairn-cloud-controller";
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+async fn controller(namespace: &TestNamespace) -> std::result::Result<ControllerProcess, Error> {
+    let local = cluster();
+    crds::install(&namespace.client, &cairn_api::crds::for_chart(CHART)).await?;
+    let account = local
+        .install_controller_rbac(CHART, "cloud", &namespace.name)
+        .await?;
+    let kubeconfig = local.service_account_kubeconfig(&namespace.name, &account)?;
+    ControllerProcess::start(
+        local,
+        Path::new(env!("CARGO_BIN_EXE_cairn-cloud-controller")),
+        &format!("{}-cloud", namespace.name),
+        &kubeconfig,
+        &[
+            ("CAIRN_NAMESPACES", namespace.name.as_str()),
+            ("CAIRN_LEASE_NAMESPACE", namespace.name.as_str()),
+        ],
+    )
+}
+
+/// A ProviderConfig `moto` for the local cluster's moto, and its Secret.
+async fn provider(namespace: &TestNamespace) -> Result {
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": { "name": "moto-credentials" },
+        "stringData": { "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing" },
+    }))?;
+    namespace
+        .api::<Secret>()
+        .create(&PostParams::default(), &secret)
+        .await?;
+    let config: ProviderConfig = serde_json::from_value(json!({
+        "apiVersion": "cloud.cairn.dev/v1alpha1", "kind": "ProviderConfig",
+        "metadata": { "name": "moto" },
+        "spec": {
+            "type": "aws", "region": "us-east-1", "endpoint": cluster().s3_endpoint(),
+            "credentialsSecretRef": { "name": "moto-credentials" },
+        },
+    }))?;
+    namespace
+        .api::<ProviderConfig>()
+        .create(&PostParams::default(), &config)
+        .await?;
+    Ok(())
+}
+
+fn bucket(name: &str, spec: serde_json::Value) -> Result<ObjectBucket> {
+    let mut object = json!({
+        "apiVersion": "cloud.cairn.dev/v1alpha1", "kind": "ObjectBucket",
+        "metadata": { "name": name, "annotations": { "cloud.cairn.dev/poll-seconds": "10" } },
+        "spec": { "providerConfigRef": { "name": "moto" }, "deletionPolicy": "Delete" },
+    });
+    if let (Some(base), Some(extra)) = (object["spec"].as_object_mut(), spec.as_object()) {
+        base.extend(extra.clone());
+    }
+    Ok(serde_json::from_value(object)?)
+}
+
+async fn until_condition(
+    api: &Api<ObjectBucket>,
+    name: &str,
+    type_: &str,
+    status: &str,
+    reason: Option<&str>,
+) -> std::result::Result<ObjectBucket, Error> {
+    let what = format!("{type_}={status} {}", reason.unwrap_or(""));
+    wait::for_object(api, name, &what, TIMEOUT, |b| {
+        let condition = b
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_));
+        condition.is_some_and(|c| c.status == status && reason.is_none_or(|r| c.reason == r))
+    })
+    .await
+}
+
+async fn exists(name: &str) -> Result<bool> {
+    let s3 = s3::client(cluster().s3_endpoint());
+    match s3.head_bucket().bucket(name).send().await {
+        Ok(_) => Ok(true),
+        Err(e) if e.raw_response().is_some_and(|r| r.status().as_u16() == 404) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[tokio::test]
+async fn object_buckets_follow_their_policies() -> Result {
+    let namespace = cluster().namespace("cloud").await?;
+    let _controller = controller(&namespace).await?;
+    provider(&namespace).await?;
+    let buckets = namespace.api::<ObjectBucket>();
+    let s3 = s3::client(cluster().s3_endpoint());
+
+    // Created as specified, recorded, held by the finalizer (policy Delete).
+    buckets
+        .create(
+            &PostParams::default(),
+            &bucket(
+                "data",
+                json!({ "versioning": true, "lifecycle": { "expireAfterDays": 7 } }),
+            )?,
+        )
+        .await?;
+    let ready = until_condition(&buckets, "data", "Ready", "True", Some("Available")).await?;
+    let name = ready
+        .annotations()
+        .get(EXTERNAL_NAME_ANNOTATION)
+        .cloned()
+        .ok_or("no external name")?;
+    assert!(ready.finalizers().iter().any(|f| f == FINALIZER));
+    let tags = s3.get_bucket_tagging().bucket(&name).send().await?.tag_set;
+    assert!(
+        tags.iter()
+            .any(|t| t.key == OWNER_TAG && Some(t.value.as_str()) == ready.uid().as_deref()),
+        "{tags:?}"
+    );
+
+    // Drift made by hand is corrected within the object's poll interval.
+    s3.delete_bucket_lifecycle().bucket(&name).send().await?;
+    wait::until("the lifecycle rule restored", TIMEOUT, || async {
+        let rules = s3
+            .get_bucket_lifecycle_configuration()
+            .bucket(&name)
+            .send()
+            .await
+            .ok()
+            .and_then(|out| out.rules);
+        Ok(rules.filter(|r| !r.is_empty()).map(|_| ()))
+    })
+    .await?;
+
+    // Policy Delete: the bucket goes with its object.
+    buckets.delete("data", &DeleteParams::default()).await?;
+    wait::for_deletion(&buckets, "data", TIMEOUT).await?;
+    assert!(!exists(&name).await?, "{name} was deleted");
+
+    // Policy Orphan: the bucket stays, and no finalizer was needed.
+    buckets
+        .create(
+            &PostParams::default(),
+            &bucket("kept", json!({ "deletionPolicy": "Orphan" }))?,
+        )
+        .await?;
+    let kept = until_condition(&buckets, "kept", "Ready", "True", None).await?;
+    assert!(kept.finalizers().is_empty());
+    let kept_name = kept
+        .annotations()
+        .get(EXTERNAL_NAME_ANNOTATION)
+        .cloned()
+        .ok_or("no external name")?;
+    buckets.delete("kept", &DeleteParams::default()).await?;
+    wait::for_deletion(&buckets, "kept", TIMEOUT).await?;
+    assert!(exists(&kept_name).await?, "{kept_name} was orphaned");
+
+    // A bucket made by hand: refused until adoption is asked, then managed.
+    let manual = format!("manual-{}", rand::random::<u32>());
+    s3.create_bucket().bucket(&manual).send().await?;
+    buckets
+        .create(
+            &PostParams::default(),
+            &bucket("theirs", json!({ "bucketName": manual }))?,
+        )
+        .await?;
+    let refused = until_condition(&buckets, "theirs", "Ready", "False", Some("NotOwned")).await?;
+    let message = refused
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    assert!(message.contains(ADOPT_ANNOTATION), "{message}");
+    buckets
+        .patch(
+            "theirs",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "annotations": { ADOPT_ANNOTATION: "true" } } })),
+        )
+        .await?;
+    until_condition(&buckets, "theirs", "Ready", "True", Some("Available")).await?;
+    // Adopted with policy Delete: it is now deleted with its object (while
+    // the controller runs, which the finalizer waits for).
+    buckets.delete("theirs", &DeleteParams::default()).await?;
+    wait::for_deletion(&buckets, "theirs", TIMEOUT).await?;
+    assert!(!exists(&manual).await?, "{manual} was deleted");
+
+    // A ProviderConfig that does not exist: said, not hidden.
+    buckets
+        .create(
+            &PostParams::default(),
+            &bucket(
+                "lost",
+                json!({ "providerConfigRef": { "name": "nowhere" } }),
+            )?,
+        )
+        .await?;
+    until_condition(
+        &buckets,
+        "lost",
+        "Synced",
+        "False",
+        Some("ProviderConfigUnusable"),
+    )
+    .await?;
+    Ok(())
+}
