@@ -11,14 +11,7 @@ use cairn_runtime::manager::{BuildInfo, Manager};
 #[global_allocator]
 static ALLOCATOR: Allocator = Allocator;
 
-const INFO: BuildInfo = BuildInfo {
-    controller: "cloud",
-    version: env!("CARGO_PKG_VERSION"),
-    git_commit: match option_env!("CAIRN_GIT_COMMIT") {
-        Some(commit) => commit,
-        None => "unknown",
-    },
-};
+const INFO: BuildInfo = cairn_runtime::build_info!("cloud");
 
 #[tokio::main]
 async fn main() -> ExitCode {

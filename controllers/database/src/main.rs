@@ -12,14 +12,7 @@ use cairn_runtime::config::Config;
 use cairn_runtime::manager::{BuildInfo, Manager};
 use kube::runtime::events::Recorder;
 
-const INFO: BuildInfo = BuildInfo {
-    controller: "database",
-    version: env!("CARGO_PKG_VERSION"),
-    git_commit: match option_env!("CAIRN_GIT_COMMIT") {
-        Some(commit) => commit,
-        None => "unknown",
-    },
-};
+const INFO: BuildInfo = cairn_runtime::build_info!("database");
 
 #[global_allocator]
 static ALLOCATOR: Allocator = Allocator;

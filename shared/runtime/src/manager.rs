@@ -53,6 +53,23 @@ pub struct BuildInfo {
     pub git_commit: &'static str,
 }
 
+/// The [`BuildInfo`] of the calling binary: `controller`, its crate's
+/// version, and the commit it was built from (`CAIRN_GIT_COMMIT` at build
+/// time, else "unknown").
+#[macro_export]
+macro_rules! build_info {
+    ($controller:literal) => {
+        $crate::manager::BuildInfo {
+            controller: $controller,
+            version: env!("CARGO_PKG_VERSION"),
+            git_commit: match option_env!("CAIRN_GIT_COMMIT") {
+                Some(commit) => commit,
+                None => "unknown",
+            },
+        }
+    };
+}
+
 /// Why the manager could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
