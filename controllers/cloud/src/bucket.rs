@@ -466,6 +466,18 @@ impl Managed for ObjectBucket {
             region,
         }
     }
+
+    fn connection(
+        &self,
+        provider: &Provider,
+        name: &str,
+    ) -> Option<(String, BTreeMap<String, String>)> {
+        let secret = self.spec.write_connection_secret_to_ref.as_ref()?;
+        let region = self.spec.region.as_deref().unwrap_or(provider.region());
+        let mut data = provider.s3_connection(region);
+        data.insert("bucket".to_owned(), name.to_owned());
+        Some((secret.name.clone(), data))
+    }
 }
 
 type Response = aws_sdk_s3::config::http::HttpResponse;

@@ -13,11 +13,12 @@ use cairn_api::cloud::v1alpha1::{
 };
 use cairn_runtime::conditions::{self, Time};
 use cairn_runtime::errors::ErrorClass;
-use cairn_runtime::finalizers;
 use cairn_runtime::manager::{Classify, Recheck};
-use k8s_openapi::NamespaceResourceScope;
+use cairn_runtime::{apply, finalizers};
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::{ByteString, NamespaceResourceScope};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -62,6 +63,14 @@ pub trait Managed:
     fn cloud_status(&self) -> Option<&CloudStatus>;
     /// The client of this kind through `provider`.
     fn external(&self, provider: &Provider) -> Self::External;
+    /// The Secret to publish how to use the resource `name` in, and what.
+    fn connection(
+        &self,
+        _provider: &Provider,
+        _name: &str,
+    ) -> Option<(String, BTreeMap<String, String>)> {
+        None
+    }
 }
 
 /// Why a reconcile failed.
@@ -212,6 +221,11 @@ pub async fn reconcile<M: Managed>(object: Arc<M>, ctx: Arc<Context>) -> Result<
     let outcome = observe_and_act(&api, &*object, &external, &name, &intent).await;
     match outcome {
         Ok((report, recheck)) => {
+            if report.is_available()
+                && let Some((secret, data)) = object.connection(&provider, &name)
+            {
+                publish(&ctx.client, &*object, &secret, data).await?;
+            }
             report.write(&api, &*object).await?;
             Ok(recheck.unwrap_or_else(|| Recheck::Within(poll_interval(&*object, ctx.poll))))
         }
@@ -364,6 +378,41 @@ async fn record_name<M: Managed>(api: &Api<M>, object: &M, name: &str) -> Result
     Ok(())
 }
 
+/// Writes the connection Secret `name` (owned by `object`, so it goes with
+/// it) unless it already holds `data`.
+async fn publish<M: Managed>(
+    client: &Client,
+    object: &M,
+    name: &str,
+    data: BTreeMap<String, String>,
+) -> Result<(), Error> {
+    let secrets =
+        Api::<Secret>::namespaced(client.clone(), &object.namespace().unwrap_or_default());
+    let wanted: BTreeMap<String, ByteString> = data
+        .into_iter()
+        .map(|(k, v)| (k, ByteString(v.into_bytes())))
+        .collect();
+    let current = secrets.get_opt(name).await?;
+    if current.as_ref().and_then(|s| s.data.as_ref()) == Some(&wanted) {
+        return Ok(());
+    }
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            owner_references: object.controller_owner_ref(&()).map(|o| vec![o]),
+            labels: Some(BTreeMap::from([(
+                "app.kubernetes.io/managed-by".to_owned(),
+                cairn_runtime::labels::MANAGED_BY.to_owned(),
+            )])),
+            ..ObjectMeta::default()
+        },
+        data: Some(wanted),
+        ..Secret::default()
+    };
+    apply::apply(&secrets, MANAGER, &secret, None).await?;
+    Ok(())
+}
+
 /// The poll interval of `object` (its annotation, or the default), with
 /// ±10 % jitter so that objects created together do not poll together.
 fn poll_interval(object: &impl Managed, default: Duration) -> Duration {
@@ -395,6 +444,11 @@ impl Report {
     fn ready(mut self, status: bool, reason: &str, message: &str) -> Self {
         self.ready = Some((status, reason.to_owned(), message.to_owned()));
         self
+    }
+
+    /// Whether it reports the resource ready for use.
+    fn is_available(&self) -> bool {
+        self.ready.as_ref().is_some_and(|(ready, _, _)| *ready)
     }
 
     fn observed(mut self, observation: &Observation) -> Self {

@@ -4,6 +4,7 @@
 //! attempt on the wire counts, the SDK's own retries included: the provider
 //! never sees more than the configured rate.
 
+use std::collections::BTreeMap;
 use std::num::NonZeroU32;
 use std::sync::Arc;
 
@@ -92,6 +93,27 @@ impl Provider {
         &self.region
     }
 
+    /// What a consumer needs to reach S3 in `region` with these credentials
+    /// (the keys of a connection Secret).
+    pub fn s3_connection(&self, region: &str) -> BTreeMap<String, String> {
+        let endpoint = self
+            .endpoint
+            .clone()
+            .unwrap_or_else(|| format!("https://s3.{region}.amazonaws.com"));
+        BTreeMap::from([
+            ("endpoint".to_owned(), endpoint),
+            ("region".to_owned(), region.to_owned()),
+            (
+                ACCESS_KEY_ID.to_owned(),
+                self.credentials.access_key_id().to_owned(),
+            ),
+            (
+                SECRET_ACCESS_KEY.to_owned(),
+                self.credentials.secret_access_key().to_owned(),
+            ),
+        ])
+    }
+
     /// An S3 client for `region`, through this provider's token bucket.
     pub fn s3(&self, region: &str) -> aws_sdk_s3::Client {
         let mut config = aws_sdk_s3::Config::builder()
@@ -168,7 +190,6 @@ mod tests {
     use cairn_api::cloud::v1alpha1::ProviderType;
     use cairn_api::common::LocalObjectReference;
     use k8s_openapi::ByteString;
-    use std::collections::BTreeMap;
 
     fn spec() -> ProviderConfigSpec {
         ProviderConfigSpec {

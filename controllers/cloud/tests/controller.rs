@@ -119,7 +119,11 @@ async fn object_buckets_follow_their_policies() -> Result {
             &PostParams::default(),
             &bucket(
                 "data",
-                json!({ "versioning": true, "lifecycle": { "expireAfterDays": 7 } }),
+                json!({
+                    "versioning": true,
+                    "lifecycle": { "expireAfterDays": 7 },
+                    "writeConnectionSecretToRef": { "name": "data-bucket" },
+                }),
             )?,
         )
         .await?;
@@ -135,6 +139,25 @@ async fn object_buckets_follow_their_policies() -> Result {
         tags.iter()
             .any(|t| t.key == OWNER_TAG && Some(t.value.as_str()) == ready.uid().as_deref()),
         "{tags:?}"
+    );
+
+    // How to reach it, for applications (and Backups), owned by the object.
+    let connection = namespace.api::<Secret>().get("data-bucket").await?;
+    let data = connection.data.clone().unwrap_or_default();
+    let text = |key: &str| {
+        data.get(key)
+            .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+            .unwrap_or_default()
+    };
+    assert_eq!(text("bucket"), name);
+    assert_eq!(text("endpoint"), cluster().s3_endpoint());
+    assert_eq!(text("region"), "us-east-1");
+    assert_eq!(text("AWS_ACCESS_KEY_ID"), "testing");
+    assert!(
+        connection
+            .owner_references()
+            .iter()
+            .any(|o| Some(&o.uid) == ready.uid().as_ref())
     );
 
     // Drift made by hand is corrected within the object's poll interval.
@@ -155,6 +178,7 @@ async fn object_buckets_follow_their_policies() -> Result {
     buckets.delete("data", &DeleteParams::default()).await?;
     wait::for_deletion(&buckets, "data", TIMEOUT).await?;
     assert!(!exists(&name).await?, "{name} was deleted");
+    wait::for_deletion(&namespace.api::<Secret>(), "data-bucket", TIMEOUT).await?;
 
     // Policy Orphan: the bucket stays, and no finalizer was needed.
     buckets
