@@ -229,6 +229,42 @@ async fn object_buckets_follow_their_policies() -> Result {
     wait::for_deletion(&buckets, "theirs", TIMEOUT).await?;
     assert!(!exists(&manual).await?, "{manual} was deleted");
 
+    // A deletion S3 refuses (the bucket holds objects) is reported, not
+    // hung silently; orphaning the bucket is a way out.
+    buckets
+        .create(&PostParams::default(), &bucket("full", json!({}))?)
+        .await?;
+    let full = until_condition(&buckets, "full", "Ready", "True", None).await?;
+    let full_name = full
+        .annotations()
+        .get(EXTERNAL_NAME_ANNOTATION)
+        .cloned()
+        .ok_or("no external name")?;
+    s3.put_object()
+        .bucket(&full_name)
+        .key("kept")
+        .body(aws_sdk_s3::primitives::ByteStream::from_static(b"data"))
+        .send()
+        .await?;
+    buckets.delete("full", &DeleteParams::default()).await?;
+    until_condition(
+        &buckets,
+        "full",
+        "Synced",
+        "False",
+        Some("DependencyNotReady"),
+    )
+    .await?;
+    buckets
+        .patch(
+            "full",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "deletionPolicy": "Orphan" } })),
+        )
+        .await?;
+    wait::for_deletion(&buckets, "full", TIMEOUT).await?;
+    assert!(exists(&full_name).await?, "{full_name} was orphaned");
+
     // A ProviderConfig that does not exist: said, not hidden.
     buckets
         .create(
