@@ -9,9 +9,9 @@ use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::types::{
     BucketLifecycleConfiguration, BucketLocationConstraint, BucketVersioningStatus,
     CreateBucketConfiguration, ExpirationStatus, LifecycleExpiration, LifecycleRule,
-    LifecycleRuleFilter, PublicAccessBlockConfiguration, ServerSideEncryption,
-    ServerSideEncryptionByDefault, ServerSideEncryptionConfiguration, ServerSideEncryptionRule,
-    Tag, Tagging, VersioningConfiguration,
+    LifecycleRuleFilter, NoncurrentVersionExpiration, PublicAccessBlockConfiguration,
+    ServerSideEncryption, ServerSideEncryptionByDefault, ServerSideEncryptionConfiguration,
+    ServerSideEncryptionRule, Tag, Tagging, VersioningConfiguration,
 };
 use cairn_api::cloud::v1alpha1::{
     CloudStatus, DeletionPolicy, Encryption, ManagementPolicy, ObjectBucket, ObjectBucketSpec,
@@ -65,10 +65,37 @@ pub struct Settings {
     pub encryption: Option<String>,
     /// The four public-access-block switches, if a block is set.
     pub public_access_block: Option<[bool; 4]>,
-    /// Days after which objects expire (Cairn's rule), and whether other
-    /// rules are there.
-    pub expire_after_days: Option<i32>,
-    pub other_lifecycle_rules: bool,
+    /// Cairn's lifecycle rule, if there is one.
+    pub expiry: Option<Expiry>,
+    /// The lifecycle rules of others, kept as they are.
+    pub other_rules: Vec<LifecycleRule>,
+}
+
+/// Cairn's lifecycle rule (`cairn-expiry`) as S3 holds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Expiry {
+    pub enabled: bool,
+    /// Days after which current objects expire.
+    pub days: Option<i32>,
+    /// Days after which replaced versions expire (versioned buckets).
+    pub noncurrent_days: Option<i32>,
+}
+
+/// The rule the spec asks for: objects expire after `expireAfterDays`, and
+/// in a versioned bucket so do replaced versions (expiring a current object
+/// only adds a delete marker there; its data would be kept for ever).
+fn wanted_expiry(spec: &ObjectBucketSpec) -> Option<Expiry> {
+    spec.lifecycle.as_ref().map(|l| Expiry {
+        enabled: true,
+        days: Some(l.expire_after_days),
+        noncurrent_days: spec.versioning.then_some(l.expire_after_days),
+    })
+}
+
+/// Tags AWS sets itself (`aws:…`, e.g. CloudFormation's): neither drift nor
+/// removable.
+fn is_system_tag(key: &str) -> bool {
+    key.starts_with("aws:")
 }
 
 /// The tags a bucket must carry: the spec's and the owner tag.
@@ -88,7 +115,13 @@ fn encryption_name(encryption: Encryption) -> &'static str {
 /// What differs from the spec (empty: up to date).
 pub fn drift(spec: &ObjectBucketSpec, owner: &str, actual: &Settings) -> Vec<String> {
     let mut drift = Vec::new();
-    if actual.tags != wanted_tags(spec, owner) {
+    let own_tags: BTreeMap<String, String> = actual
+        .tags
+        .iter()
+        .filter(|(key, _)| !is_system_tag(key))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    if own_tags != wanted_tags(spec, owner) {
         drift.push("tags".to_owned());
     }
     let versioned = actual.versioning.as_deref() == Some("Enabled");
@@ -105,8 +138,7 @@ pub fn drift(spec: &ObjectBucketSpec, owner: &str, actual: &Settings) -> Vec<Str
     if (spec.public_access_block && !blocked) || (!spec.public_access_block && !unblocked) {
         drift.push("public access block".to_owned());
     }
-    let expiry = spec.lifecycle.as_ref().map(|l| l.expire_after_days);
-    if actual.expire_after_days != expiry || actual.other_lifecycle_rules {
+    if actual.expiry != wanted_expiry(spec) {
         drift.push("lifecycle".to_owned());
     }
     drift
@@ -119,7 +151,13 @@ pub struct Buckets {
 }
 
 impl Buckets {
-    async fn settings(&self, spec: &ObjectBucketSpec, name: &str) -> Result<Settings, CloudError> {
+    /// The settings of bucket `name`, whose tags were just read.
+    async fn settings(
+        &self,
+        spec: &ObjectBucketSpec,
+        name: &str,
+        tags: BTreeMap<String, String>,
+    ) -> Result<Settings, CloudError> {
         let versioning = match self.s3.get_bucket_versioning().bucket(name).send().await {
             Ok(out) => out.status.map(|s| s.as_str().to_owned()),
             Err(e) => {
@@ -172,17 +210,23 @@ impl Buckets {
         )?
         .map(|out| out.rules.unwrap_or_default())
         .unwrap_or_default();
-        let ours = |r: &LifecycleRule| r.id.as_deref() == Some(EXPIRY_RULE);
+        let (ours, other_rules): (Vec<LifecycleRule>, Vec<LifecycleRule>) = rules
+            .into_iter()
+            .partition(|r| r.id.as_deref() == Some(EXPIRY_RULE));
         Ok(Settings {
-            tags: self.tags(name).await?,
+            tags,
             versioning,
             encryption,
             public_access_block: block,
-            expire_after_days: rules
-                .iter()
-                .find(|r| ours(r))
-                .and_then(|r| r.expiration.as_ref()?.days),
-            other_lifecycle_rules: rules.iter().any(|r| !ours(r)),
+            expiry: ours.first().map(|r| Expiry {
+                enabled: r.status == ExpirationStatus::Enabled,
+                days: r.expiration.as_ref().and_then(|e| e.days),
+                noncurrent_days: r
+                    .noncurrent_version_expiration
+                    .as_ref()
+                    .and_then(|e| e.noncurrent_days),
+            }),
+            other_rules,
         })
     }
 
@@ -226,12 +270,15 @@ impl External for Buckets {
         match self.s3.head_bucket().bucket(name).send().await {
             Ok(_) => {}
             Err(e) if status(&e) == Some(404) => return Ok(Observation::absent()),
+            // HeadBucket answers without a body: a missing permission and
+            // a bucket of another account look the same. Retried; a name
+            // taken elsewhere is refused for certain by CreateBucket.
             Err(e) if status(&e) == Some(403) => {
-                return Err(CloudError::Invalid {
+                return Err(CloudError::Denied {
                     operation: "HeadBucket",
                     code: "Forbidden".into(),
                     message: format!(
-                        "bucket {name} exists and this account may not use it (a bucket name is global: choose another)"
+                        "{name}: these credentials may not read it, or it belongs to another account (bucket names are global)"
                     ),
                 });
             }
@@ -244,7 +291,7 @@ impl External for Buckets {
             ("bucket".to_owned(), name.to_owned()),
         ]);
         let (created, drift) = if tagged.as_deref() == Some(owner) {
-            let settings = self.settings(spec, name).await?;
+            let settings = self.settings(spec, name, tags).await?;
             if let Some(versioning) = &settings.versioning {
                 at_provider.insert("versioning".to_owned(), versioning.clone());
             }
@@ -293,8 +340,28 @@ impl External for Buckets {
         name: &str,
         owner: &str,
     ) -> Result<(), CloudError> {
+        // Never take a bucket tagged for another object (two objects naming
+        // one bucket, created at the same time: the second create succeeds
+        // on a bucket this account owns).
+        let current = self.tags(name).await?;
+        if let Some(other) = current.get(OWNER_TAG).filter(|o| *o != owner) {
+            return Err(CloudError::Invalid {
+                operation: "PutBucketTagging",
+                code: "OwnedByAnother".into(),
+                message: format!(
+                    "{name} belongs to another object (owner tag {other}): choose another name"
+                ),
+            });
+        }
         // The owner tag first: from then on the bucket is known as ours.
-        let tags = wanted_tags(spec, owner)
+        let mut wanted = wanted_tags(spec, owner);
+        wanted.extend(
+            current
+                .iter()
+                .filter(|(key, _)| is_system_tag(key))
+                .map(|(k, v)| (k.clone(), v.clone())),
+        );
+        let tags = wanted
             .into_iter()
             .map(|(key, value)| Tag::builder().key(key).value(value).build())
             .collect::<Result<Vec<_>, _>>()
@@ -310,7 +377,7 @@ impl External for Buckets {
             .send()
             .await
             .map_err(|e| fail("PutBucketTagging", e))?;
-        let actual = self.settings(spec, name).await?;
+        let actual = self.settings(spec, name, BTreeMap::new()).await?;
         let versioned = actual.versioning.as_deref() == Some("Enabled");
         if spec.versioning != versioned && (spec.versioning || actual.versioning.is_some()) {
             // A bucket once versioned can only be suspended.
@@ -372,9 +439,9 @@ impl External for Buckets {
                 .await
                 .map_err(|e| fail("DeletePublicAccessBlock", e))?;
         }
-        let expiry = spec.lifecycle.as_ref().map(|l| l.expire_after_days);
-        if actual.expire_after_days != expiry || actual.other_lifecycle_rules {
-            self.put_lifecycle(name, expiry).await?;
+        let expiry = wanted_expiry(spec);
+        if actual.expiry != expiry {
+            self.put_lifecycle(name, expiry, actual.other_rules).await?;
         }
         Ok(())
     }
@@ -389,9 +456,30 @@ impl External for Buckets {
 }
 
 impl Buckets {
-    /// The lifecycle configuration is Cairn's: its one expiry rule, or none.
-    async fn put_lifecycle(&self, name: &str, expiry: Option<i32>) -> Result<(), CloudError> {
-        let Some(days) = expiry else {
+    /// Cairn's expiry rule as the spec asks (or none), beside the rules of
+    /// others, which are kept.
+    async fn put_lifecycle(
+        &self,
+        name: &str,
+        expiry: Option<Expiry>,
+        mut rules: Vec<LifecycleRule>,
+    ) -> Result<(), CloudError> {
+        if let Some(days) = expiry.and_then(|e| e.days) {
+            let mut rule = LifecycleRule::builder()
+                .id(EXPIRY_RULE)
+                .status(ExpirationStatus::Enabled)
+                .filter(LifecycleRuleFilter::builder().prefix("").build())
+                .expiration(LifecycleExpiration::builder().days(days).build());
+            if let Some(noncurrent) = expiry.and_then(|e| e.noncurrent_days) {
+                rule = rule.noncurrent_version_expiration(
+                    NoncurrentVersionExpiration::builder()
+                        .noncurrent_days(noncurrent)
+                        .build(),
+                );
+            }
+            rules.push(rule.build().map_err(built)?);
+        }
+        if rules.is_empty() {
             return self
                 .s3
                 .delete_bucket_lifecycle()
@@ -400,16 +488,9 @@ impl Buckets {
                 .await
                 .map(|_| ())
                 .map_err(|e| fail("DeleteBucketLifecycle", e));
-        };
-        let rule = LifecycleRule::builder()
-            .id(EXPIRY_RULE)
-            .status(ExpirationStatus::Enabled)
-            .filter(LifecycleRuleFilter::builder().prefix("").build())
-            .expiration(LifecycleExpiration::builder().days(days).build())
-            .build()
-            .map_err(built)?;
+        }
         let configuration = BucketLifecycleConfiguration::builder()
-            .rules(rule)
+            .set_rules(Some(rules))
             .build()
             .map_err(built)?;
         self.s3
@@ -579,8 +660,12 @@ mod tests {
             versioning: Some("Enabled".into()),
             encryption: Some("AES256".into()),
             public_access_block: Some([true; 4]),
-            expire_after_days: Some(30),
-            other_lifecycle_rules: false,
+            expiry: Some(Expiry {
+                enabled: true,
+                days: Some(30),
+                noncurrent_days: Some(30),
+            }),
+            other_rules: Vec::new(),
         }
     }
 
@@ -595,8 +680,12 @@ mod tests {
             versioning: Some("Suspended".into()),
             encryption: Some("aws:kms".into()),
             public_access_block: Some([true, true, false, true]),
-            expire_after_days: Some(7),
-            other_lifecycle_rules: false,
+            expiry: Some(Expiry {
+                enabled: true,
+                days: Some(30),
+                noncurrent_days: None,
+            }),
+            other_rules: Vec::new(),
         };
         assert_eq!(
             drift(&spec(), "uid-1", &changed),
@@ -608,11 +697,36 @@ mod tests {
                 "lifecycle"
             ]
         );
-        let foreign_rule = Settings {
-            other_lifecycle_rules: true,
+        let disabled = Settings {
+            expiry: Some(Expiry {
+                enabled: false,
+                ..as_specified().expiry.unwrap_or(Expiry {
+                    enabled: true,
+                    days: None,
+                    noncurrent_days: None,
+                })
+            }),
             ..as_specified()
         };
-        assert_eq!(drift(&spec(), "uid-1", &foreign_rule), ["lifecycle"]);
+        assert_eq!(drift(&spec(), "uid-1", &disabled), ["lifecycle"]);
+    }
+
+    #[test]
+    fn what_others_set_is_not_drift() {
+        let mut tags = wanted_tags(&spec(), "uid-1");
+        tags.insert("aws:cloudformation:stack-name".into(), "s".into());
+        let others = Settings {
+            tags,
+            other_rules: vec![
+                LifecycleRule::builder()
+                    .id("theirs")
+                    .status(ExpirationStatus::Enabled)
+                    .build()
+                    .unwrap_or_else(|_| unreachable!("status is set")),
+            ],
+            ..as_specified()
+        };
+        assert_eq!(drift(&spec(), "uid-1", &others), Vec::<String>::new());
     }
 
     #[test]

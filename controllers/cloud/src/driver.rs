@@ -86,6 +86,9 @@ pub enum Error {
     /// The resource is not this object's to manage.
     #[error("{0}")]
     Refused(String),
+    /// The connection Secret named is not this object's to write.
+    #[error("{0}")]
+    ConnectionSecret(String),
 }
 
 impl Classify for Error {
@@ -97,7 +100,7 @@ impl Classify for Error {
                 ErrorClass::DependencyNotReady
             }
             Self::Cloud(_) => ErrorClass::Transient,
-            Self::Refused(_) => ErrorClass::InvalidSpec,
+            Self::Refused(_) | Self::ConnectionSecret(_) => ErrorClass::InvalidSpec,
         }
     }
 }
@@ -173,6 +176,7 @@ fn intent(object: &impl Managed) -> Intent {
             .get(CREATE_PENDING_ANNOTATION)
             .and_then(|t| t.parse::<Timestamp>().ok()),
         uid: object.uid().unwrap_or_default(),
+        now: Timestamp::now(),
     }
 }
 
@@ -221,12 +225,20 @@ pub async fn reconcile<M: Managed>(object: Arc<M>, ctx: Arc<Context>) -> Result<
     let outcome = observe_and_act(&api, &*object, &external, &name, &intent).await;
     match outcome {
         Ok((report, recheck)) => {
-            if report.is_available()
-                && let Some((secret, data)) = object.connection(&provider, &name)
-            {
-                publish(&ctx.client, &*object, &secret, data).await?;
-            }
+            let published = match object.connection(&provider, &name) {
+                Some((secret, data)) if report.is_available() => {
+                    publish(&ctx.client, &*object, &secret, data).await
+                }
+                _ => Ok(()),
+            };
+            let report = match &published {
+                Err(e @ Error::ConnectionSecret(_)) => {
+                    report.synced_as(false, "ConnectionSecretConflict", &e.to_string())
+                }
+                _ => report,
+            };
             report.write(&api, &*object).await?;
+            published?;
             Ok(recheck.unwrap_or_else(|| Recheck::Within(poll_interval(&*object, ctx.poll))))
         }
         Err(Error::Cloud(e)) => {
@@ -259,6 +271,8 @@ async fn observe_and_act<M: Managed>(
         .observe(object.desired(), name, &intent.uid)
         .await?;
     let step = policy::decide(intent, &observation.observed);
+    // An update of what was already tagged as ours settles a pending create.
+    let settled = step == Step::Update;
     tracing::debug!(name, ?step, drift = ?observation.drift, "decided");
     let soon = Some(Recheck::Within(SOON));
     let done = Report::synced(true, "ReconcileSuccess", "");
@@ -274,24 +288,38 @@ async fn observe_and_act<M: Managed>(
         }
         Step::Create => {
             mark_create_pending(api, object).await?;
-            external.create(object.desired(), name, &intent.uid).await?;
-            record_name(api, object, name).await?;
+            if let Err(e) = external.create(object.desired(), name, &intent.uid).await {
+                // Refused outright: nothing was made, so nothing may be
+                // claimed later on the strength of this marker.
+                if e.created_nothing() {
+                    lift_marker(api, object).await?;
+                }
+                return Err(e.into());
+            }
+            // The marker stays until an observation shows our owner tag.
+            record_name(api, object, name, false).await?;
             (done.ready(false, "Creating", name), soon)
         }
         Step::Claim | Step::Update => {
             hold(api, object).await?;
             external.update(object.desired(), name, &intent.uid).await?;
-            record_name(api, object, name).await?;
+            record_name(api, object, name, settled).await?;
             let drift = observation.drift.join(", ");
             if !drift.is_empty() {
                 tracing::info!(name, drift, "corrected drift");
             }
             (done.ready(false, "Updating", name), soon)
         }
-        Step::UpToDate => (
-            done.ready(true, "Available", name).observed(&observation),
-            None,
-        ),
+        Step::UpToDate => {
+            // Both write only what is missing: nothing at steady state. The
+            // finalizer too, for a policy changed to Delete since.
+            hold(api, object).await?;
+            record_name(api, object, name, true).await?;
+            (
+                done.ready(true, "Available", name).observed(&observation),
+                None,
+            )
+        }
         Step::Report => {
             let present = observation.observed != Observed::Absent;
             let (reason, message) = if present {
@@ -354,25 +382,44 @@ async fn mark_create_pending<M: Managed>(api: &Api<M>, object: &M) -> Result<(),
     Ok(())
 }
 
-/// Records the external name and lifts the create-pending marker.
-async fn record_name<M: Managed>(api: &Api<M>, object: &M, name: &str) -> Result<(), Error> {
+/// Records the external name, and lifts the create-pending marker once an
+/// observation has shown the resource tagged as ours (`settled`).
+async fn record_name<M: Managed>(
+    api: &Api<M>,
+    object: &M,
+    name: &str,
+    settled: bool,
+) -> Result<(), Error> {
     let annotations = object.annotations();
+    let pending = settled && annotations.contains_key(CREATE_PENDING_ANNOTATION);
     if annotations
         .get(EXTERNAL_NAME_ANNOTATION)
         .map(String::as_str)
         == Some(name)
-        && !annotations.contains_key(CREATE_PENDING_ANNOTATION)
+        && !pending
     {
         return Ok(());
     }
-    let recorded = json!({ "metadata": { "annotations": {
-        EXTERNAL_NAME_ANNOTATION: name,
-        CREATE_PENDING_ANNOTATION: null,
-    }}});
+    let mut recorded = json!({ "metadata": { "annotations": { EXTERNAL_NAME_ANNOTATION: name } } });
+    if pending {
+        recorded["metadata"]["annotations"][CREATE_PENDING_ANNOTATION] = serde_json::Value::Null;
+    }
     api.patch(
         &object.name_any(),
         &PatchParams::default(),
         &Patch::Merge(&recorded),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Lifts the create-pending marker.
+async fn lift_marker<M: Managed>(api: &Api<M>, object: &M) -> Result<(), Error> {
+    let lifted = json!({ "metadata": { "annotations": { CREATE_PENDING_ANNOTATION: null } } });
+    api.patch(
+        &object.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&lifted),
     )
     .await?;
     Ok(())
@@ -393,8 +440,22 @@ async fn publish<M: Managed>(
         .map(|(k, v)| (k, ByteString(v.into_bytes())))
         .collect();
     let current = secrets.get_opt(name).await?;
-    if current.as_ref().and_then(|s| s.data.as_ref()) == Some(&wanted) {
-        return Ok(());
+    if let Some(current) = &current {
+        // Never another's Secret (credentials, another object's connection):
+        // overwriting it, and owning it, would let the garbage collector
+        // delete it with this object.
+        let ours = current
+            .owner_references()
+            .iter()
+            .any(|o| o.controller == Some(true) && Some(&o.uid) == object.uid().as_ref());
+        if !ours {
+            return Err(Error::ConnectionSecret(format!(
+                "Secret {name} (spec.writeConnectionSecretToRef) exists and belongs to something else: name another"
+            )));
+        }
+        if current.data.as_ref() == Some(&wanted) {
+            return Ok(());
+        }
     }
     let secret = Secret {
         metadata: ObjectMeta {
@@ -439,6 +500,11 @@ impl Report {
             synced: Some((status, reason.to_owned(), message.to_owned())),
             ..Self::default()
         }
+    }
+
+    fn synced_as(mut self, status: bool, reason: &str, message: &str) -> Self {
+        self.synced = Some((status, reason.to_owned(), message.to_owned()));
+        self
     }
 
     fn ready(mut self, status: bool, reason: &str, message: &str) -> Self {

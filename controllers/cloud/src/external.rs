@@ -125,6 +125,15 @@ impl CloudError {
         matches!(self, Self::Invalid { .. })
     }
 
+    /// Whether the provider answered a create with a refusal, so that
+    /// nothing was made (unlike a timeout or a 5xx, after which it may have).
+    pub fn created_nothing(&self) -> bool {
+        matches!(
+            self,
+            Self::Invalid { .. } | Self::Denied { .. } | Self::Throttled { .. }
+        )
+    }
+
     /// Classifies an error response by its HTTP status and AWS error code.
     pub fn from_response(
         operation: &'static str,
@@ -162,15 +171,34 @@ impl CloudError {
                 code,
                 message,
             },
-            (Some(status), _) if status >= 500 => Self::Unavailable {
-                operation,
-                message: format!("{status} {code}: {message}"),
-            },
-            (None, _) => Self::Unavailable { operation, message },
-            _ => Self::Invalid {
+            // What no retry can fix as the spec stands.
+            (
+                _,
+                "BucketAlreadyExists"
+                | "InvalidBucketName"
+                | "IllegalLocationConstraintException"
+                | "InvalidLocationConstraint"
+                | "InvalidTag"
+                | "MalformedXML"
+                | "InvalidArgument"
+                | "NoSuchHostedZone"
+                | "InvalidChangeBatch"
+                | "InvalidInput"
+                | "OwnedByAnother"
+                | "BuildError",
+            ) => Self::Invalid {
                 operation,
                 code,
                 message,
+            },
+            // Anything else (5xx, timeouts, a resource that went away
+            // meanwhile, an unknown code) is retried with backoff.
+            (status, _) => Self::Unavailable {
+                operation,
+                message: match status {
+                    Some(status) => format!("{status} {code}: {message}"),
+                    None => message,
+                },
             },
         }
     }
@@ -205,6 +233,12 @@ mod tests {
         let taken = classify(Some(409), Some("BucketAlreadyExists"));
         assert_eq!(taken.reason(), "InvalidRequest");
         assert!(taken.is_terminal());
+        assert!(taken.created_nothing());
         assert!(!classify(Some(500), None).is_terminal());
+        assert!(!classify(Some(500), None).created_nothing());
+        // Unknown or passing troubles are retried, not terminal.
+        assert!(!classify(Some(400), Some("RequestTimeout")).is_terminal());
+        assert!(!classify(Some(404), Some("NoSuchBucket")).is_terminal());
+        assert!(!classify(Some(301), Some("PermanentRedirect")).is_terminal());
     }
 }

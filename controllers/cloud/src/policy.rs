@@ -26,6 +26,9 @@ pub const CREATE_PENDING_ANNOTATION: &str = "cloud.cairn.dev/create-pending";
 /// How far the provider's clock may run behind ours when an untagged resource
 /// is judged to be our own interrupted create.
 const CLOCK_SLACK: SignedDuration = SignedDuration::from_secs(60);
+/// How long after the marker an untagged resource may still be our create (a
+/// create call is answered in seconds; later ones are someone else's).
+const CLAIM_WINDOW: SignedDuration = SignedDuration::from_secs(300);
 
 /// The object's side of a decision.
 #[derive(Clone, Debug, PartialEq)]
@@ -39,6 +42,8 @@ pub struct Intent {
     pub create_pending_since: Option<Timestamp>,
     /// The object's UID: the owner tag of what it manages.
     pub uid: String,
+    /// When the decision is made.
+    pub now: Timestamp,
 }
 
 /// What the provider holds under the object's external name.
@@ -76,8 +81,8 @@ pub enum Step {
     UpToDate,
     /// Observe-only: report what is there.
     Report,
-    /// Not ours to change: a terminal condition until the spec (name,
-    /// adoption) or the resource's owner changes.
+    /// Not ours to change: a terminal condition, looked at again when the
+    /// object's spec (another name) or annotations (adoption) change.
     Refuse(Refusal),
 }
 
@@ -161,14 +166,16 @@ pub fn decide(intent: &Intent, observed: &Observed) -> Step {
     }
 }
 
-/// An untagged resource made after this object's create began is that create
-/// (it was absent when the create was decided).
+/// An untagged resource made just after this object's create began is that
+/// create (it was absent when the create was decided).
 fn interrupted_create(intent: &Intent, created: Option<Timestamp>) -> bool {
-    match (intent.create_pending_since, created) {
-        (Some(since), Some(created)) => created >= since - CLOCK_SLACK,
-        // The provider does not say when: the marker alone decides.
-        (Some(_), None) => true,
-        (None, _) => false,
+    let Some(since) = intent.create_pending_since else {
+        return false;
+    };
+    match created {
+        Some(created) => since - CLOCK_SLACK <= created && created <= since + CLAIM_WINDOW,
+        // The provider does not say when: only a fresh marker decides.
+        None => intent.now <= since + CLAIM_WINDOW,
     }
 }
 
@@ -187,6 +194,7 @@ mod tests {
             adopt: false,
             create_pending_since: None,
             uid: UID.to_owned(),
+            now: at(200),
         }
     }
 
@@ -282,10 +290,25 @@ mod tests {
                 Step::Refuse(Refusal::NotOwned),
             ),
             (
-                "nobody's, no creation time, create pending",
+                "nobody's, made long after our marker: someone else's",
+                pending(100),
+                present(None, Some(1000), false),
+                Step::Refuse(Refusal::NotOwned),
+            ),
+            (
+                "nobody's, no creation time, fresh marker",
                 pending(100),
                 present(None, None, false),
                 Step::Claim,
+            ),
+            (
+                "nobody's, no creation time, stale marker",
+                Intent {
+                    now: at(1000),
+                    ..pending(100)
+                },
+                present(None, None, false),
+                Step::Refuse(Refusal::NotOwned),
             ),
             (
                 "ours after the lost response of a create",

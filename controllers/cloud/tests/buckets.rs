@@ -5,7 +5,10 @@
 use std::collections::BTreeMap;
 
 use aws_sdk_s3::primitives::ByteStream;
-use aws_sdk_s3::types::{BucketVersioningStatus, VersioningConfiguration};
+use aws_sdk_s3::types::{
+    BucketLifecycleConfiguration, BucketVersioningStatus, ExpirationStatus, LifecycleExpiration,
+    LifecycleRule, LifecycleRuleFilter, VersioningConfiguration,
+};
 use cairn_api::cloud::v1alpha1::{
     DeletionPolicy, Encryption, Lifecycle, ManagementPolicy, ObjectBucketSpec,
 };
@@ -52,6 +55,7 @@ fn intent(uid: &str) -> Intent {
         adopt: false,
         create_pending_since: None,
         uid: uid.to_owned(),
+        now: Timestamp::now(),
     }
 }
 
@@ -117,6 +121,14 @@ async fn a_bucket_is_created_as_specified_corrected_when_it_drifts_and_deleted()
         .unwrap_or_default();
     assert_eq!(rules.len(), 1);
     assert_eq!(rules[0].expiration.as_ref().and_then(|e| e.days), Some(30));
+    // Versioned: replaced versions expire too, or their data stays for ever.
+    assert_eq!(
+        rules[0]
+            .noncurrent_version_expiration
+            .as_ref()
+            .and_then(|e| e.noncurrent_days),
+        Some(30)
+    );
 
     // Drift made by hand is seen and corrected.
     s3.put_bucket_versioning()
@@ -128,12 +140,40 @@ async fn a_bucket_is_created_as_specified_corrected_when_it_drifts_and_deleted()
         )
         .send()
         .await?;
-    s3.delete_bucket_lifecycle().bucket(&name).send().await?;
+    // Someone replaces the lifecycle configuration with a rule of theirs.
+    let theirs = LifecycleRule::builder()
+        .id("theirs")
+        .status(ExpirationStatus::Enabled)
+        .filter(LifecycleRuleFilter::builder().prefix("tmp/").build())
+        .expiration(LifecycleExpiration::builder().days(1).build())
+        .build()?;
+    s3.put_bucket_lifecycle_configuration()
+        .bucket(&name)
+        .lifecycle_configuration(
+            BucketLifecycleConfiguration::builder()
+                .rules(theirs)
+                .build()?,
+        )
+        .send()
+        .await?;
     let drifted = buckets.observe(&spec(), &name, &ours.uid).await?;
     assert_eq!(drifted.drift, ["versioning", "lifecycle"]);
     assert_eq!(policy::decide(&ours, &drifted.observed), Step::Update);
     buckets.update(&spec(), &name, &ours.uid).await?;
     assert_eq!(step(&buckets, &ours, &name).await?, Step::UpToDate);
+    // Ours is back, theirs is kept.
+    let mut ids: Vec<String> = s3
+        .get_bucket_lifecycle_configuration()
+        .bucket(&name)
+        .send()
+        .await?
+        .rules
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|r| r.id)
+        .collect();
+    ids.sort();
+    assert_eq!(ids, ["cairn-expiry", "theirs"]);
 
     // A bucket that holds objects cannot go: a dependency, retried, not terminal.
     let refused = buckets
@@ -182,6 +222,13 @@ async fn an_interrupted_create_is_claimed_and_a_foreign_bucket_is_never_touched(
         step(&buckets, &other, &name).await?,
         Step::Refuse(Refusal::OwnedByAnother("uid-crash".into()))
     );
+    // Even a racing create of the same name cannot take it over.
+    let taken = buckets
+        .update(&spec(), &name, "uid-other")
+        .await
+        .err()
+        .ok_or("re-tagged another object's bucket")?;
+    assert!(taken.is_terminal(), "{taken}");
     let deleting_other = Intent {
         deleting: true,
         ..other

@@ -14,7 +14,7 @@ pub enum ErrorClass {
     /// no retry until the spec changes (a new generation triggers a reconcile).
     InvalidSpec,
     /// Something the object needs is not there yet (a Secret, a Backup, a
-    /// bucket): requeue after a fixed delay, the condition names it.
+    /// bucket): retried with the same exponential backoff, the condition names it.
     DependencyNotReady,
 }
 
