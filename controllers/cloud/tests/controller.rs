@@ -265,6 +265,37 @@ async fn object_buckets_follow_their_policies() -> Result {
     wait::for_deletion(&buckets, "full", TIMEOUT).await?;
     assert!(exists(&full_name).await?, "{full_name} was orphaned");
 
+    // A connection Secret that is not the object's (here the credentials)
+    // is never written, and so never owned and collected with it.
+    buckets
+        .create(
+            &PostParams::default(),
+            &bucket(
+                "clash",
+                json!({ "writeConnectionSecretToRef": { "name": "moto-credentials" } }),
+            )?,
+        )
+        .await?;
+    until_condition(
+        &buckets,
+        "clash",
+        "Synced",
+        "False",
+        Some("ConnectionSecretConflict"),
+    )
+    .await?;
+    let credentials = namespace.api::<Secret>().get("moto-credentials").await?;
+    assert!(credentials.owner_references().is_empty());
+    assert!(
+        credentials
+            .data
+            .as_ref()
+            .is_some_and(|d| !d.contains_key("bucket")),
+        "the credentials were overwritten"
+    );
+    buckets.delete("clash", &DeleteParams::default()).await?;
+    wait::for_deletion(&buckets, "clash", TIMEOUT).await?;
+
     // A ProviderConfig that does not exist: said, not hidden.
     buckets
         .create(
