@@ -40,9 +40,6 @@ use crate::metrics::{Metrics, RuntimeError};
 use crate::telemetry::{self, Telemetry};
 use crate::webhook::{self, WebhookServer};
 
-/// Events buffered per shared cache before its watch waits for the consumer.
-const CACHE_BUFFER: usize = 1024;
-
 /// What a binary tells the manager about itself.
 #[derive(Debug, Clone, Copy)]
 pub struct BuildInfo {
@@ -292,14 +289,15 @@ impl Manager {
     where
         K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
     {
-        let (store, writer) = reflector::store_shared(CACHE_BUFFER);
-        let subscription = writer
-            .subscribe()
-            .expect("a shared store always has a subscription");
-        // Shared subscriptions carry no deletions; controllers must see them
-        // (a deleted child is recreated, per-object state is forgotten), so
-        // the watch forwards them, and those a relist reveals.
-        let (deleted, deletions) = tokio::sync::mpsc::unbounded_channel::<Arc<K>>();
+        // Not kube's shared store: its subscription looks each changed
+        // object up in the store when it is read, and when the object was
+        // deleted in between it answers Pending without waking the reader
+        // again, so that stream, then (its buffer full) the watch, stalls
+        // for good — seen under churn as a Pod cache frozen with 166 deleted
+        // pods. The changes are taken here, with the objects as the store
+        // holds them at that moment, in watch order, deletions included.
+        let (store, writer) = reflector::store();
+        let (sender, receiver) = tokio::sync::mpsc::unbounded_channel::<Change<K>>();
         let kind = K::kind(&()).into_owned();
         let gauge = self.metrics.objects_in_cache.with_label_values(&[&kind]);
         let health = self.health.clone();
@@ -307,25 +305,13 @@ impl Manager {
         let mut before_relist: Option<Vec<Arc<K>>> = None;
         let reflect = watcher(api, watch)
             .default_backoff()
-            .reflect_shared(writer)
+            .reflect(writer)
             .for_each(move |event| {
                 match event {
                     Ok(event) => {
                         health.watch_ok();
-                        match event {
-                            watcher::Event::Delete(object) => {
-                                let _ = deleted.send(Arc::new(object));
-                            }
-                            // The store keeps its old content until the relist is
-                            // done: what the relist lacks was deleted meanwhile.
-                            watcher::Event::Init => before_relist = Some(counted.state()),
-                            watcher::Event::InitDone => {
-                                let before = before_relist.take().unwrap_or_default();
-                                for object in gone_after_relist(before, &counted) {
-                                    let _ = deleted.send(object);
-                                }
-                            }
-                            watcher::Event::Apply(_) | watcher::Event::InitApply(_) => {}
+                        for change in changes_of(&event, &counted, &mut before_relist) {
+                            let _ = sender.send(change);
                         }
                     }
                     Err(e) => {
@@ -337,13 +323,10 @@ impl Manager {
                 std::future::ready(())
             });
         tokio::spawn(reflect);
-        let deletions = futures::stream::unfold(deletions, |mut receiver| async move {
-            receiver
-                .recv()
-                .await
-                .map(|object| (Change::Deleted(object), receiver))
-        });
-        let changes = futures::stream::select(subscription.map(Change::Applied), deletions).boxed();
+        let changes = futures::stream::unfold(receiver, |mut receiver| async move {
+            receiver.recv().await.map(|change| (change, receiver))
+        })
+        .boxed();
         let synced = store.clone();
         self.caches_synced.push(
             async move {
@@ -498,6 +481,46 @@ where
         };
         std::future::ready(passed)
     })
+}
+
+/// What a watch event, already applied to `store`, changed: the object as
+/// the store now holds it, or the deleted one; after a relist, every object
+/// (as kube's shared stores do) and the ones the relist lacks (deleted while
+/// the watch was down).
+fn changes_of<K>(
+    event: &watcher::Event<K>,
+    store: &Store<K>,
+    before_relist: &mut Option<Vec<Arc<K>>>,
+) -> Vec<Change<K>>
+where
+    K: Resource<DynamicType = ()> + Clone,
+{
+    match event {
+        watcher::Event::Apply(object) => store
+            .get(&ObjectRef::from_obj(object))
+            .map(Change::Applied)
+            .into_iter()
+            .collect(),
+        watcher::Event::Delete(object) => vec![Change::Deleted(Arc::new(object.clone()))],
+        // The store keeps its old content until the relist is done.
+        watcher::Event::Init => {
+            *before_relist = Some(store.state());
+            Vec::new()
+        }
+        watcher::Event::InitApply(_) => Vec::new(),
+        watcher::Event::InitDone => {
+            let before = before_relist.take().unwrap_or_default();
+            let gone = gone_after_relist(before, store)
+                .into_iter()
+                .map(Change::Deleted);
+            store
+                .state()
+                .into_iter()
+                .map(Change::Applied)
+                .chain(gone)
+                .collect()
+        }
+    }
 }
 
 /// The objects of `before` (the cache before a relist) that the relisted
@@ -950,6 +973,68 @@ mod tests {
             .collect()
             .await;
         assert_eq!(passed, vec![1, 2, 2, 2, 2]);
+    }
+
+    #[test]
+    fn a_change_carries_its_object_even_when_it_is_deleted_before_it_is_read() {
+        // kube's shared-store subscription looked the object up when read,
+        // found nothing after a deletion, and stalled for good.
+        let (store, mut writer) = reflector::store::<k8s_openapi::api::core::v1::ConfigMap>();
+        let mut before_relist = None;
+        let mut changes = Vec::new();
+        for event in [
+            watcher::Event::Apply((*config_map("a")).clone()),
+            watcher::Event::Delete((*config_map("a")).clone()),
+            watcher::Event::Apply((*config_map("b")).clone()),
+        ] {
+            writer.apply_watcher_event(&event);
+            changes.extend(changes_of(&event, &store, &mut before_relist));
+        }
+        let seen: Vec<(bool, String)> = changes
+            .into_iter()
+            .map(|change| match change {
+                Change::Applied(o) => (true, o.metadata.name.clone().unwrap_or_default()),
+                Change::Deleted(o) => (false, o.metadata.name.clone().unwrap_or_default()),
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            vec![
+                (true, "a".to_owned()),
+                (false, "a".to_owned()),
+                (true, "b".to_owned())
+            ],
+            "in watch order, none lost"
+        );
+    }
+
+    #[test]
+    fn after_a_relist_every_object_and_every_missed_deletion_is_a_change() {
+        let (store, mut writer) = reflector::store::<k8s_openapi::api::core::v1::ConfigMap>();
+        let mut before_relist = None;
+        for name in ["kept", "deleted"] {
+            writer.apply_watcher_event(&watcher::Event::Apply((*config_map(name)).clone()));
+        }
+        let mut changes = Vec::new();
+        for event in [
+            watcher::Event::Init,
+            watcher::Event::InitApply((*config_map("kept")).clone()),
+            watcher::Event::InitDone,
+        ] {
+            writer.apply_watcher_event(&event);
+            changes.extend(changes_of(&event, &store, &mut before_relist));
+        }
+        let seen: Vec<(bool, String)> = changes
+            .into_iter()
+            .map(|change| match change {
+                Change::Applied(o) => (true, o.metadata.name.clone().unwrap_or_default()),
+                Change::Deleted(o) => (false, o.metadata.name.clone().unwrap_or_default()),
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            vec![(true, "kept".to_owned()), (false, "deleted".to_owned())]
+        );
     }
 
     #[test]
