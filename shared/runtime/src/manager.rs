@@ -975,6 +975,19 @@ mod tests {
         assert_eq!(passed, vec![1, 2, 2, 2, 2]);
     }
 
+    /// Each change as (applied, name).
+    fn applied_or_deleted(
+        changes: Vec<Change<k8s_openapi::api::core::v1::ConfigMap>>,
+    ) -> Vec<(bool, String)> {
+        changes
+            .into_iter()
+            .map(|change| match change {
+                Change::Applied(o) => (true, o.metadata.name.clone().unwrap_or_default()),
+                Change::Deleted(o) => (false, o.metadata.name.clone().unwrap_or_default()),
+            })
+            .collect()
+    }
+
     #[test]
     fn a_change_carries_its_object_even_when_it_is_deleted_before_it_is_read() {
         // kube's shared-store subscription looked the object up when read,
@@ -990,13 +1003,7 @@ mod tests {
             writer.apply_watcher_event(&event);
             changes.extend(changes_of(&event, &store, &mut before_relist));
         }
-        let seen: Vec<(bool, String)> = changes
-            .into_iter()
-            .map(|change| match change {
-                Change::Applied(o) => (true, o.metadata.name.clone().unwrap_or_default()),
-                Change::Deleted(o) => (false, o.metadata.name.clone().unwrap_or_default()),
-            })
-            .collect();
+        let seen = applied_or_deleted(changes);
         assert_eq!(
             seen,
             vec![
@@ -1024,13 +1031,7 @@ mod tests {
             writer.apply_watcher_event(&event);
             changes.extend(changes_of(&event, &store, &mut before_relist));
         }
-        let seen: Vec<(bool, String)> = changes
-            .into_iter()
-            .map(|change| match change {
-                Change::Applied(o) => (true, o.metadata.name.clone().unwrap_or_default()),
-                Change::Deleted(o) => (false, o.metadata.name.clone().unwrap_or_default()),
-            })
-            .collect();
+        let seen = applied_or_deleted(changes);
         assert_eq!(
             seen,
             vec![(true, "kept".to_owned()), (false, "deleted".to_owned())]
