@@ -45,11 +45,13 @@ impl Nodes {
 /// panicking (a failed `assert!` or `expect`) or `CAIRN_KEEP_NAMESPACES` is
 /// set: then it stays for inspection and its name is printed. A test that
 /// fails by returning `Err` has dropped its namespace by then; run it with
-/// `CAIRN_KEEP_NAMESPACES=1` to inspect it.
+/// `CAIRN_KEEP_NAMESPACES=1` to inspect it. A namespace on the real nodes
+/// first copies its pods' logs to `logs/pods/` of the cluster's folder.
 pub struct TestNamespace {
     pub name: String,
     pub client: Client,
     cluster: &'static LocalCluster,
+    nodes: Nodes,
 }
 
 impl TestNamespace {
@@ -75,6 +77,7 @@ impl TestNamespace {
             name,
             client,
             cluster,
+            nodes,
         })
     }
 
@@ -130,6 +133,9 @@ impl TestNamespace {
 
 impl Drop for TestNamespace {
     fn drop(&mut self) {
+        if self.nodes == Nodes::Real {
+            self.keep_pod_logs();
+        }
         if std::thread::panicking() || std::env::var_os("CAIRN_KEEP_NAMESPACES").is_some() {
             eprintln!("keeping namespace {} for inspection", self.name);
             return;
@@ -159,6 +165,45 @@ impl Drop for TestNamespace {
             eprintln!("could not delete namespace {}: {e}", self.name);
         }
     }
+}
+
+impl TestNamespace {
+    /// Copies the logs of this namespace's pods from the real nodes into the
+    /// cluster's log folder (kept when a test run fails): the kubelet removes
+    /// them with the pods.
+    fn keep_pod_logs(&self) {
+        let target = self.cluster.state_dir().join("logs/pods");
+        let nodes = self.cluster.state_dir().join("nodes");
+        let prefix = format!("{}_", self.name);
+        let Ok(nodes) = std::fs::read_dir(nodes) else {
+            return;
+        };
+        for pod in nodes
+            .flatten()
+            .filter_map(|node| std::fs::read_dir(node.path().join("pod-logs")).ok())
+            .flatten()
+            .flatten()
+            .filter(|pod| pod.file_name().to_string_lossy().starts_with(&prefix))
+        {
+            if let Err(e) = copy_tree(&pod.path(), &target.join(pod.file_name())) {
+                eprintln!("could not keep the logs of {}: {e}", pod.path().display());
+            }
+        }
+    }
+}
+
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_tree(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), target)?;
+        }
+    }
+    Ok(())
 }
 
 fn manifest<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Result<T, Error> {
