@@ -2,10 +2,11 @@
 # Brings up the local development environment: the Kubernetes cluster with
 # real nodes, three kwok nodes and the moto fake AWS (hack/local-cluster.sh),
 # reusing it if it already runs; builds the images (hack/images.sh) and gives
-# them to the nodes; installs every chart with Helm (the database controller
-# runs in pods in namespace cairn-system, watching cairn-samples; the backup
-# and cloud charts ship their CRDs); creates a sample of every kind in
-# cairn-samples, the DatabaseCluster's PostgreSQL running on the real nodes.
+# them to the nodes; installs every chart with Helm (the database and cloud
+# controllers run in pods in namespace cairn-system, watching cairn-samples;
+# the backup chart ships its CRDs); creates a sample of every kind in
+# cairn-samples, the DatabaseCluster's PostgreSQL running on the real nodes,
+# the ProviderConfig pointing at moto.
 # Prints how to use it.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -29,22 +30,27 @@ kubectl label --overwrite namespace "$CONTROLLER_NAMESPACE" \
 
 # A new image under the same tag must reach the running pods: the release
 # records the image's digest, so a rebuilt image rolls the Deployment.
-digest=$(sha256sum "$images/ghcr.io_cairn-dev_cairn-database-controller.tar" | cut -c1-12)
 log "installing the charts"
-helm upgrade --install cairn-database-controller "$CAIRN_ROOT/charts/cairn-database-controller" \
-  --namespace "$CONTROLLER_NAMESPACE" --set watchNamespace="$SAMPLES" --set image.pullPolicy=Never \
-  --set-string podAnnotations.cairn\\.dev/image-archive="$digest" --wait --timeout 3m >/dev/null
-for chart in cairn-backup-controller cairn-cloud-controller; do
-  helm upgrade --install "$chart" "$CAIRN_ROOT/charts/$chart" --namespace "$CONTROLLER_NAMESPACE" >/dev/null
+for chart in cairn-database-controller cairn-cloud-controller; do
+  digest=$(sha256sum "$images/ghcr.io_cairn-dev_$chart.tar" | cut -c1-12)
+  helm upgrade --install "$chart" "$CAIRN_ROOT/charts/$chart" \
+    --namespace "$CONTROLLER_NAMESPACE" --set watchNamespace="$SAMPLES" --set image.pullPolicy=Never \
+    --set-string podAnnotations.cairn\\.dev/image-archive="$digest" --wait --timeout 3m >/dev/null
 done
+helm upgrade --install cairn-backup-controller "$CAIRN_ROOT/charts/cairn-backup-controller" \
+  --namespace "$CONTROLLER_NAMESPACE" >/dev/null
 
 # The samples as they are, but for the DatabaseCluster's PostgreSQL version
-# and storage: here the one database image is Debian 12's PostgreSQL 15, and
-# local-path volumes are the ones a non-root pod can write.
+# and storage (here the one database image is Debian 12's PostgreSQL 15, and
+# local-path volumes are the ones a non-root pod can write) and the
+# ProviderConfig's endpoint: moto, with its fixed test credentials.
+kubectl -n "$SAMPLES" create secret generic aws-credentials --from-literal=AWS_ACCESS_KEY_ID=testing \
+  --from-literal=AWS_SECRET_ACCESS_KEY=testing --dry-run=client -o yaml | kubectl apply -f - >/dev/null
 for sample in "$CAIRN_ROOT"/config/samples/*.yaml; do
   echo "---"
   case $sample in
     *databasecluster*) sed -e 's/version: "17"/version: "15"/' -e 's/^  storage:$/  storage:\n    storageClassName: local-path/' -e 's/size: 10Gi/size: 1Gi/' "$sample" ;;
+    *providerconfig*) sed -e "s|^  region: .*|&\n  endpoint: $CAIRN_S3_ENDPOINT|" "$sample" ;;
     *) cat "$sample" ;;
   esac
 done | kubectl -n "$SAMPLES" apply -f - >/dev/null
@@ -57,14 +63,17 @@ Cairn local cluster is up: Kubernetes $KUBERNETES_VERSION, $CAIRN_REAL_NODES rea
   export KUBECONFIG=$KUBECONFIG
   export PATH=$CAIRN_BIN:\$PATH      # the pinned kubectl and helm
   kubectl get nodes -L type,topology.kubernetes.io/zone
-  kubectl -n $CONTROLLER_NAMESPACE get pods        # cairn-database-controller, installed by its chart
+  kubectl -n $CONTROLLER_NAMESPACE get pods        # the database and cloud controllers, installed by their charts
   kubectl -n $SAMPLES get cairn                    # one sample of every Cairn kind
   kubectl -n $SAMPLES get dbc,pods,pvc,services    # the sample cluster's PostgreSQL (Ready in about a minute)
 
   psql on the sample cluster's primary, through its -rw Service:
     kubectl -n $SAMPLES exec -it orders-0 -- sh -c 'psql "host=orders-rw user=\$(cat /etc/cairn/credentials/username) dbname=\$(cat /etc/cairn/credentials/database) password=\$(cat /etc/cairn/credentials/password)"'
 
-  (the backup and cloud controllers are not built yet; their samples are not reconciled)
+  the sample ObjectBucket is a bucket in moto, its connection details in Secret backups-bucket:
+    kubectl -n $SAMPLES get objectbucket backups; kubectl -n $SAMPLES get secret backups-bucket
+
+  (the backup controller and DnsRecord are not built yet; their samples are not reconciled)
 
   rebuild and roll the controller after a change:  hack/dev-up.sh
   logs of each component:  $STATE/logs/     stop it:  hack/local-cluster.sh down

@@ -5,7 +5,7 @@
 #      and the real nodes' packages (containerd, runc, CNI plugins, mmdebstrap, umoci);
 #   2. lints: cargo fmt, cargo clippy -D warnings, cargo deny (licenses, bans,
 #      sources), actionlint, helm lint, bash -n;
-#   3. builds the images of the database pods and the controller (hack/images.sh);
+#   3. builds the images of the database pods and the controllers (hack/images.sh);
 #   4. starts a fresh local cluster in a temporary folder, with real nodes that
 #      get those images (stopped on exit, then checked for leftovers);
 #   5. runs every Rust test of the workspace against it (cargo test, every

@@ -11,7 +11,7 @@ use cairn_testing::{Error, TestNamespace, cluster, wait};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::Api;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 type Result<T = ()> = std::result::Result<T, Error>;
@@ -36,14 +36,19 @@ pub async fn enforce_restricted_pod_security(ns: &TestNamespace) -> Result {
     Ok(())
 }
 
-/// `helm install`, watching this namespace, its images never pulled; returns
-/// once both replicas are available. The release is named after the
-/// namespace: its ClusterRole is cluster-scoped.
+/// The database controller, installed by its chart: see [`install_chart`].
 pub async fn install_controller(ns: &TestNamespace) -> Result {
+    install_chart(ns, CHART).await
+}
+
+/// `helm install` of the controller `chart`, watching this namespace, its
+/// images never pulled; returns once both replicas are available. The
+/// release is named after the namespace: its ClusterRole is cluster-scoped.
+pub async fn install_chart(ns: &TestNamespace, chart: &str) -> Result {
     let watch = format!("watchNamespace={}", ns.name);
     cluster()
         .helm_install(
-            CHART,
+            chart,
             &ns.name,
             &ns.name,
             &["--set", &watch, "--set", "image.pullPolicy=Never"],
@@ -51,12 +56,39 @@ pub async fn install_controller(ns: &TestNamespace) -> Result {
         .await?;
     wait::for_object(
         &ns.api::<Deployment>(),
-        &format!("{}-{CHART}", ns.name),
+        &format!("{}-{chart}", ns.name),
         "2 available replicas",
         Duration::from_secs(60),
         |d| d.status.as_ref().and_then(|s| s.available_replicas) == Some(2),
     )
     .await?;
+    Ok(())
+}
+
+/// Both replicas of controller `chart` run on real nodes and serve their
+/// metrics from their pods' addresses, reached through the API server.
+pub async fn controller_serves_metrics_from_its_pods(ns: &TestNamespace, chart: &str) -> Result {
+    let pods = ns
+        .api::<Pod>()
+        .list(&ListParams::default().labels(&format!("app.kubernetes.io/name={chart}")))
+        .await?
+        .items;
+    assert_eq!(pods.len(), 2, "two controller pods");
+    for pod in pods {
+        let name = pod.metadata.name.unwrap_or_default();
+        let node = pod.spec.and_then(|s| s.node_name).unwrap_or_default();
+        assert!(node.starts_with("cairn-node-"), "{name} runs on {node}");
+        let path = format!(
+            "/api/v1/namespaces/{}/pods/{name}:8080/proxy/metrics",
+            ns.name
+        );
+        let metrics = cluster().kubectl(&["get", "--raw", &path]).await?.stdout;
+        assert!(
+            metrics.contains("cairn_leader"),
+            "{name} serves its metrics: {}",
+            &metrics[..metrics.len().min(300)]
+        );
+    }
     Ok(())
 }
 

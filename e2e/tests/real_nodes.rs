@@ -34,7 +34,7 @@ async fn postgresql_and_the_controller_run_in_real_pods() -> Result {
     enforce_restricted_pod_security(&ns).await?;
 
     install_controller(&ns).await?;
-    controller_answers_from_its_pods(&ns).await?;
+    cairn_e2e::real::controller_serves_metrics_from_its_pods(&ns, CHART).await?;
 
     let started = Instant::now();
     create_cluster(&ns, 3).await?;
@@ -72,33 +72,6 @@ async fn postgresql_and_the_controller_run_in_real_pods() -> Result {
     );
     deleted_pod_returns_with_its_data(&ns).await?;
     lost_folders_are_cloned_never_initialised(&ns).await?;
-    Ok(())
-}
-
-/// Both replicas pass their kubelet probes (they are available) and serve
-/// metrics from their pods' addresses, reached through the API server.
-async fn controller_answers_from_its_pods(ns: &TestNamespace) -> Result {
-    let pods = ns
-        .api::<Pod>()
-        .list(&ListParams::default().labels(&format!("app.kubernetes.io/name={CHART}")))
-        .await?
-        .items;
-    assert_eq!(pods.len(), 2, "two controller pods");
-    for pod in pods {
-        let name = pod.metadata.name.unwrap_or_default();
-        let node = pod.spec.and_then(|s| s.node_name).unwrap_or_default();
-        assert!(node.starts_with("cairn-node-"), "{name} runs on {node}");
-        let path = format!(
-            "/api/v1/namespaces/{}/pods/{name}:8080/proxy/metrics",
-            ns.name
-        );
-        let metrics = cluster().kubectl(&["get", "--raw", &path]).await?.stdout;
-        assert!(
-            metrics.contains("cairn_leader"),
-            "{name} serves its metrics: {}",
-            &metrics[..metrics.len().min(300)]
-        );
-    }
     Ok(())
 }
 

@@ -20,7 +20,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use crate::driver::Managed;
-use crate::external::{CloudError, External, OWNER_TAG, Observation};
+use crate::external::{
+    CloudError, External, OWNER_TAG, Observation, Response, fail, http_status as status,
+};
 use crate::policy::Observed;
 use crate::provider::Provider;
 
@@ -559,35 +561,6 @@ impl Managed for ObjectBucket {
         data.insert("bucket".to_owned(), name.to_owned());
         Some((secret.name.clone(), data))
     }
-}
-
-type Response = aws_sdk_s3::config::http::HttpResponse;
-
-fn status<E>(error: &SdkError<E, Response>) -> Option<u16> {
-    error.raw_response().map(|r| r.status().as_u16())
-}
-
-/// A failed call, classified.
-fn fail<E: ProvideErrorMetadata + std::error::Error + 'static>(
-    operation: &'static str,
-    error: SdkError<E, Response>,
-) -> CloudError {
-    let retry_after = error
-        .raw_response()
-        .and_then(|r| r.headers().get("retry-after"))
-        .and_then(|v| v.parse::<u64>().ok())
-        .map(std::time::Duration::from_secs);
-    let message = error
-        .message()
-        .map(str::to_owned)
-        .unwrap_or_else(|| aws_sdk_s3::error::DisplayErrorContext(&error).to_string());
-    CloudError::from_response(
-        operation,
-        status(&error),
-        error.code(),
-        Some(&message),
-        retry_after,
-    )
 }
 
 /// Some S3-compatible services (moto 5.2) answer GetBucketVersioning with

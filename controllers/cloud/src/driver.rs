@@ -27,6 +27,7 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use crate::external::{CloudError, External, Observation};
+use crate::metrics::CloudMetrics;
 use crate::policy::{
     self, ADOPT_ANNOTATION, CREATE_PENDING_ANNOTATION, Intent, Observed, PAUSED_ANNOTATION, Step,
 };
@@ -113,21 +114,28 @@ pub struct Context {
     providers: Mutex<HashMap<ObjectRef<ProviderConfig>, (String, Provider)>>,
     /// Seconds between observations of an up-to-date resource.
     pub poll: Duration,
+    pub metrics: CloudMetrics,
 }
 
 impl Context {
-    pub fn new(client: Client, provider_configs: Store<ProviderConfig>, poll: Duration) -> Self {
+    pub fn new(
+        client: Client,
+        provider_configs: Store<ProviderConfig>,
+        poll: Duration,
+        metrics: CloudMetrics,
+    ) -> Self {
         Self {
             client,
             provider_configs,
             providers: Mutex::new(HashMap::new()),
             poll,
+            metrics,
         }
     }
 
     /// The provider of ProviderConfig `name` in `namespace`. Its Secret is
     /// read, not cached: the controller may not watch every Secret.
-    async fn provider(&self, namespace: &str, name: &str) -> Result<Provider, Error> {
+    pub(crate) async fn provider(&self, namespace: &str, name: &str) -> Result<Provider, Error> {
         let key = ObjectRef::<ProviderConfig>::new(name).within(namespace);
         let config = self.provider_configs.get(&key).ok_or_else(|| {
             Unusable(format!(
@@ -151,7 +159,8 @@ impl Context {
         {
             return Ok(provider.clone());
         }
-        let provider = Provider::new(&config.spec, secret.as_ref())?;
+        let provider =
+            Provider::new(&config.spec, secret.as_ref())?.counting(self.metrics.calls.clone());
         providers.insert(key, (version, provider.clone()));
         Ok(provider)
     }
@@ -222,7 +231,7 @@ pub async fn reconcile<M: Managed>(object: Arc<M>, ctx: Arc<Context>) -> Result<
     };
     let external = object.external(&provider);
     let name = external_name(&*object);
-    let outcome = observe_and_act(&api, &*object, &external, &name, &intent).await;
+    let outcome = observe_and_act(&api, &*object, &external, &name, &intent, &ctx.metrics).await;
     match outcome {
         Ok((report, recheck)) => {
             let published = match object.connection(&provider, &name) {
@@ -266,7 +275,9 @@ async fn observe_and_act<M: Managed>(
     external: &M::External,
     name: &str,
     intent: &Intent,
+    metrics: &CloudMetrics,
 ) -> Result<(Report, Option<Recheck>), Error> {
+    let kind = M::kind(&());
     let observation = external
         .observe(object.desired(), name, &intent.uid)
         .await?;
@@ -307,6 +318,7 @@ async fn observe_and_act<M: Managed>(
             let drift = observation.drift.join(", ");
             if !drift.is_empty() {
                 tracing::info!(name, drift, "corrected drift");
+                metrics.drift_corrections.with_label_values(&[&kind]).inc();
             }
             (done.ready(false, "Updating", name), soon)
         }
@@ -315,6 +327,12 @@ async fn observe_and_act<M: Managed>(
             // finalizer too, for a policy changed to Delete since.
             hold(api, object).await?;
             record_name(api, object, name, true).await?;
+            if let Some(seconds) = first_ready_after_create(object) {
+                metrics
+                    .time_to_ready
+                    .with_label_values(&[&kind])
+                    .observe(seconds);
+            }
             (
                 done.ready(true, "Available", name).observed(&observation),
                 None,
@@ -337,6 +355,19 @@ async fn observe_and_act<M: Managed>(
         }
         Step::Refuse(refusal) => return Err(Error::Refused(refusal.message(name))),
     })
+}
+
+/// Seconds since the object's creation, when the resource this object
+/// created is ready for the first time (its Ready condition still says
+/// `Creating`).
+fn first_ready_after_create(object: &impl Managed) -> Option<f64> {
+    let creating = object
+        .cloud_status()?
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.reason == "Creating");
+    let created = object.meta().creation_timestamp.as_ref()?.0;
+    creating.then(|| Timestamp::now().duration_since(created).as_secs_f64())
 }
 
 /// The finalizer, before anything exists that it must clean up (only for

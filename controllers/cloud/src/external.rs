@@ -6,7 +6,12 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
 
+use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+
 use crate::policy::Observed;
+
+/// The SDK's HTTP response, the same for every AWS service's client.
+pub type Response = aws_sdk_s3::config::http::HttpResponse;
 
 /// The tag on every external resource Cairn creates: its object's UID.
 pub const OWNER_TAG: &str = "cairn.dev/owner-uid";
@@ -202,6 +207,34 @@ impl CloudError {
             },
         }
     }
+}
+
+/// The HTTP status of a failed call, if a response came.
+pub fn http_status<E>(error: &SdkError<E, Response>) -> Option<u16> {
+    error.raw_response().map(|r| r.status().as_u16())
+}
+
+/// A failed call of any AWS service's client, classified.
+pub fn fail<E: ProvideErrorMetadata + std::error::Error + 'static>(
+    operation: &'static str,
+    error: SdkError<E, Response>,
+) -> CloudError {
+    let retry_after = error
+        .raw_response()
+        .and_then(|r| r.headers().get("retry-after"))
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(Duration::from_secs);
+    let message = error
+        .message()
+        .map(str::to_owned)
+        .unwrap_or_else(|| DisplayErrorContext(&error).to_string());
+    CloudError::from_response(
+        operation,
+        http_status(&error),
+        error.code(),
+        Some(&message),
+        retry_after,
+    )
 }
 
 #[cfg(test)]

@@ -11,6 +11,8 @@ pub const GROUP: &str = cairn_api::CLOUD_GROUP;
 pub mod bucket;
 pub mod driver;
 pub mod external;
+pub mod metrics;
 pub mod policy;
 pub mod provider;
+pub mod provider_config;
 pub mod wiring;

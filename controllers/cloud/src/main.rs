@@ -2,8 +2,7 @@
 
 use std::process::ExitCode;
 
-use cairn_api::cloud::v1alpha1::ObjectBucket;
-use cairn_cloud_controller::{driver, wiring};
+use cairn_cloud_controller::wiring;
 use cairn_runtime::Allocator;
 use cairn_runtime::config::Config;
 use cairn_runtime::manager::{BuildInfo, Manager};
@@ -23,8 +22,6 @@ async fn main() -> ExitCode {
 
 async fn run() -> Result<ExitCode, Box<dyn std::error::Error>> {
     let mut manager = Manager::start(INFO, Config::load()).await?;
-    let (controller, context) = wiring::bucket_controller(&mut manager);
-    Ok(manager
-        .run(controller, driver::reconcile::<ObjectBucket>, context)
-        .await)
+    let controllers = wiring::controllers(&mut manager)?;
+    Ok(manager.run_all(controllers).await)
 }

@@ -22,6 +22,9 @@ use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
 use cairn_api::cloud::v1alpha1::ProviderConfigSpec;
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use k8s_openapi::api::core::v1::Secret;
+use prometheus::IntCounterVec;
+
+use crate::metrics::CallCounter;
 
 /// The keys of the credentials Secret.
 pub const ACCESS_KEY_ID: &str = "AWS_ACCESS_KEY_ID";
@@ -38,6 +41,8 @@ pub struct Provider {
     endpoint: Option<String>,
     credentials: Credentials,
     http: SharedHttpClient,
+    /// Where every attempt is counted, if anywhere.
+    calls: Option<IntCounterVec>,
 }
 
 /// Why a ProviderConfig cannot be used: the condition message.
@@ -85,7 +90,14 @@ impl Provider {
             endpoint: spec.endpoint.clone(),
             credentials,
             http: limited_http_client(qps, burst),
+            calls: None,
         })
+    }
+
+    /// Counts every call of its clients in `calls` (see [`CallCounter`]).
+    pub fn counting(mut self, calls: IntCounterVec) -> Self {
+        self.calls = Some(calls);
+        self
     }
 
     /// The default region of its resources.
@@ -121,6 +133,9 @@ impl Provider {
             .region(Region::new(region.to_owned()))
             .credentials_provider(self.credentials.clone())
             .http_client(self.http.clone());
+        if let Some(calls) = &self.calls {
+            config = config.interceptor(CallCounter(calls.clone()));
+        }
         if let Some(endpoint) = &self.endpoint {
             // S3-compatible services: one host (no DNS name per bucket), and
             // checksums only where S3 requires them (several services reject
@@ -132,6 +147,23 @@ impl Provider {
                 .response_checksum_validation(ResponseChecksumValidation::WhenRequired);
         }
         aws_sdk_s3::Client::from_conf(config.build())
+    }
+
+    /// An STS client (the identity check), through this provider's token
+    /// bucket.
+    pub fn sts(&self) -> aws_sdk_sts::Client {
+        let mut config = aws_sdk_sts::Config::builder()
+            .behavior_version(aws_sdk_sts::config::BehaviorVersion::latest())
+            .region(aws_sdk_sts::config::Region::new(self.region.clone()))
+            .credentials_provider(self.credentials.clone())
+            .http_client(self.http.clone());
+        if let Some(calls) = &self.calls {
+            config = config.interceptor(CallCounter(calls.clone()));
+        }
+        if let Some(endpoint) = &self.endpoint {
+            config = config.endpoint_url(endpoint);
+        }
+        aws_sdk_sts::Client::from_conf(config.build())
     }
 }
 

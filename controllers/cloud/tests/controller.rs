@@ -10,6 +10,7 @@ use cairn_api::cloud::v1alpha1::{EXTERNAL_NAME_ANNOTATION, ObjectBucket, Provide
 use cairn_cloud_controller::driver::FINALIZER;
 use cairn_cloud_controller::external::OWNER_TAG;
 use cairn_cloud_controller::policy::ADOPT_ANNOTATION;
+use cairn_cloud_controller::provider_config::IN_USE_FINALIZER;
 use cairn_testing::process::ControllerProcess;
 use cairn_testing::{Error, TestNamespace, cluster, crds, s3, wait};
 use k8s_openapi::api::core::v1::Secret;
@@ -315,4 +316,89 @@ async fn object_buckets_follow_their_policies() -> Result {
     )
     .await?;
     Ok(())
+}
+
+/// A ProviderConfig says whether its credentials work (an STS identity call
+/// to moto) and who uses it; its deletion waits until no object does, so the
+/// objects can still delete what they made.
+#[tokio::test]
+async fn provider_configs_check_credentials_and_outlive_their_users() -> Result {
+    let namespace = cluster().namespace("cloud-pc").await?;
+    let _controller = controller(&namespace).await?;
+    provider(&namespace).await?;
+    let configs = namespace.api::<ProviderConfig>();
+    let buckets = namespace.api::<ObjectBucket>();
+
+    let checked = until_config(&configs, "moto", |c| {
+        condition(c, "Ready", "True", "CredentialsValid")
+            && condition(c, "InUse", "False", "Unused")
+    })
+    .await?;
+    assert!(checked.finalizers().iter().any(|f| f == IN_USE_FINALIZER));
+
+    // Credentials that cannot be read: said, with the Secret's name.
+    let broken: ProviderConfig = serde_json::from_value(json!({
+        "apiVersion": "cloud.cairn.dev/v1alpha1", "kind": "ProviderConfig",
+        "metadata": { "name": "broken" },
+        "spec": {
+            "type": "aws", "region": "us-east-1", "endpoint": cluster().s3_endpoint(),
+            "credentialsSecretRef": { "name": "missing" },
+        },
+    }))?;
+    configs.create(&PostParams::default(), &broken).await?;
+    let refused = until_config(&configs, "broken", |c| {
+        condition(c, "Ready", "False", "ProviderConfigUnusable")
+    })
+    .await?;
+    assert!(message(&refused, "Ready").contains("missing"));
+
+    // In use: named, and its deletion held until the user is gone.
+    buckets
+        .create(&PostParams::default(), &bucket("user", json!({}))?)
+        .await?;
+    let ready = until_condition(&buckets, "user", "Ready", "True", Some("Available")).await?;
+    let name = ready
+        .annotations()
+        .get(EXTERNAL_NAME_ANNOTATION)
+        .cloned()
+        .ok_or("no external name")?;
+    until_config(&configs, "moto", |c| condition(c, "InUse", "True", "InUse")).await?;
+    configs.delete("moto", &DeleteParams::default()).await?;
+    let held = until_config(&configs, "moto", |c| {
+        c.metadata.deletion_timestamp.is_some() && condition(c, "InUse", "True", "InUse")
+    })
+    .await?;
+    assert!(message(&held, "InUse").contains("ObjectBucket/user"));
+
+    // The user still deletes its bucket through it; then it goes.
+    buckets.delete("user", &DeleteParams::default()).await?;
+    wait::for_deletion(&buckets, "user", TIMEOUT).await?;
+    assert!(!exists(&name).await?, "{name} was left behind");
+    wait::for_deletion(&configs, "moto", TIMEOUT).await?;
+    Ok(())
+}
+
+async fn until_config(
+    api: &Api<ProviderConfig>,
+    name: &str,
+    test: impl Fn(&ProviderConfig) -> bool,
+) -> std::result::Result<ProviderConfig, Error> {
+    wait::for_object(api, name, "its status", TIMEOUT, test).await
+}
+
+fn condition(config: &ProviderConfig, type_: &str, status: &str, reason: &str) -> bool {
+    config.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == type_ && c.status == status && c.reason == reason)
+    })
+}
+
+fn message(config: &ProviderConfig, type_: &str) -> String {
+    config
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
+        .map(|c| c.message.clone())
+        .unwrap_or_default()
 }

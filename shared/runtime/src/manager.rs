@@ -341,7 +341,7 @@ impl Manager {
     /// metrics, a span, and the retry policy of its error class. Returns the
     /// process's exit code.
     pub async fn run<K, Ctx, E, F, Fut>(
-        mut self,
+        self,
         controller: Controller<K>,
         reconcile: F,
         context: Arc<Ctx>,
@@ -353,19 +353,36 @@ impl Manager {
         F: Fn(Arc<K>, Arc<Ctx>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Recheck, E>> + Send + 'static,
     {
+        let runnable = self.runnable(controller, reconcile, context);
+        self.run_all(vec![runnable]).await
+    }
+
+    /// `controller` with `reconcile` wrapped as [`Manager::run`] does, to run
+    /// with others under one lease ([`Manager::run_all`]).
+    pub fn runnable<K, Ctx, E, F, Fut>(
+        &self,
+        controller: Controller<K>,
+        reconcile: F,
+        context: Arc<Ctx>,
+    ) -> Runnable
+    where
+        K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+        Ctx: Send + Sync + 'static,
+        E: Classify + Display + std::error::Error + Send + Sync + 'static,
+        F: Fn(Arc<K>, Arc<Ctx>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Recheck, E>> + Send + 'static,
+    {
         // Streams are lazy: nothing of this runs (and the caches keep being
         // drained) until `lead` polls it, as the leader.
-        let leading = self.leading.clone();
         let reconciler = Arc::new(Instrumented::new(
             reconcile,
             context,
             self.metrics.clone(),
             self.config.backoff(),
             Duration::from_secs(self.config.resync_seconds),
-            leading.clone(),
+            self.leading.clone(),
         ));
         let forgetting = forget_deleted(reconciler.clone(), controller.store());
-        let terminate = self.terminate.clone();
         let running = controller
             .with_config(
                 kube::runtime::controller::Config::default()
@@ -374,7 +391,7 @@ impl Manager {
             )
             // Objects that arrived while standing by have no pending event.
             .reconcile_all_on(futures::stream::once(std::future::ready(())))
-            .graceful_shutdown_on(terminated(terminate))
+            .graceful_shutdown_on(terminated(self.terminate.clone()))
             .run(
                 |object, instrumented: Arc<Instrumented<F, Ctx>>| {
                     let instrumented = instrumented.clone();
@@ -383,9 +400,25 @@ impl Manager {
                 |object, error, instrumented| instrumented.error_policy(object, error),
                 reconciler,
             )
-            .for_each(|_| std::future::ready(()));
-        let code = self.lead(running.boxed()).await;
-        forgetting.abort();
+            .for_each(|_| std::future::ready(()))
+            .boxed();
+        Runnable {
+            running,
+            forgetting,
+        }
+    }
+
+    /// Runs every controller while this replica leads (one lease for all);
+    /// returns the process's exit code.
+    pub async fn run_all(mut self, controllers: Vec<Runnable>) -> ExitCode {
+        let (running, forgetting): (Vec<_>, Vec<_>) = controllers
+            .into_iter()
+            .map(|r| (r.running, r.forgetting))
+            .unzip();
+        let code = self
+            .lead(futures::future::join_all(running).map(drop).boxed())
+            .await;
+        forgetting.iter().for_each(JoinHandle::abort);
         let _ = self.stop_admin.send(());
         let _ = self.admin.await;
         self.telemetry.shutdown();
@@ -448,6 +481,12 @@ impl Manager {
             }
         }
     }
+}
+
+/// A controller ready to run: see [`Manager::runnable`].
+pub struct Runnable {
+    running: BoxFuture<'static, ()>,
+    forgetting: JoinHandle<()>,
 }
 
 fn hash(value: &impl std::hash::Hash) -> u64 {
@@ -634,6 +673,25 @@ where
     /// forgets on deletion.
     pub fn trigger_on_spec_change(self) -> impl Stream<Item = Arc<K>> + Send + 'static {
         spec_changes(self.changes())
+    }
+
+    /// [`Cache::trigger_on_spec_change`] for two controllers: the second
+    /// stream gets every object the first passes, as the first is polled
+    /// (both run under one lease: see [`Manager::run_all`]).
+    pub fn trigger_on_spec_change_for_two(
+        self,
+    ) -> (
+        impl Stream<Item = Arc<K>> + Send + 'static,
+        impl Stream<Item = Arc<K>> + Send + 'static,
+    ) {
+        let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
+        let first = spec_changes(self.changes()).inspect(move |object| {
+            let _ = sender.send(object.clone());
+        });
+        let second = futures::stream::unfold(receiver, |mut receiver| async move {
+            receiver.recv().await.map(|object| (object, receiver))
+        });
+        (first, second)
     }
 
     fn changes(self) -> impl Stream<Item = Change<K>> + Send + 'static {

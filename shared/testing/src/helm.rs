@@ -46,8 +46,9 @@ impl LocalCluster {
 
     /// Applies the ServiceAccount and RBAC of controller chart `chart` for
     /// Helm release `release` in `namespace`, watching that namespace only
-    /// (value `watchNamespace`), with "mounted" webhook certificates (so no
-    /// Secret rights for self-managed ones). Returns the account's name.
+    /// (value `watchNamespace`), with "mounted" webhook certificates if it
+    /// serves a webhook (so no Secret rights for self-managed ones). Returns
+    /// the account's name.
     pub async fn install_controller_rbac(
         &self,
         chart: &str,
@@ -55,23 +56,20 @@ impl LocalCluster {
         namespace: &str,
     ) -> Result<String, Error> {
         let watch = format!("watchNamespace={namespace}");
-        let file = self
-            .helm_template(
-                chart,
-                release,
-                namespace,
-                &[
-                    "--set",
-                    &watch,
-                    "--set",
-                    "webhook.certificates.secretName=unused",
-                    "--show-only",
-                    "templates/serviceaccount.yaml",
-                    "--show-only",
-                    "templates/rbac.yaml",
-                ],
-            )
-            .await?;
+        let mut args = vec![
+            "--set",
+            &watch,
+            "--show-only",
+            "templates/serviceaccount.yaml",
+            "--show-only",
+            "templates/rbac.yaml",
+        ];
+        let values = std::fs::read_to_string(chart_dir(chart).join("values.yaml"))
+            .map_err(|e| Error::Setup(format!("values of chart {chart}: {e}")))?;
+        if values.lines().any(|l| l.starts_with("webhook:")) {
+            args.extend(["--set", "webhook.certificates.secretName=unused"]);
+        }
+        let file = self.helm_template(chart, release, namespace, &args).await?;
         self.apply_file(&file).await?;
         // The charts' fullname: the release, prefixed unless it names the chart.
         Ok(if release.contains(chart) {

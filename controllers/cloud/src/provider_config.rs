@@ -1,0 +1,262 @@
+//! ProviderConfig's own status: whether its credentials work (STS
+//! GetCallerIdentity, which needs no permission), which objects use it, and
+//! a finalizer that holds its deletion while any still does — an object
+//! whose ProviderConfig is gone could not delete its external resource.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cairn_api::cloud::v1alpha1::{CloudStatus, ObjectBucket, ProviderConfig};
+use cairn_runtime::conditions::{self, Time};
+use cairn_runtime::finalizers;
+use cairn_runtime::manager::Recheck;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::reflector::Store;
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+
+use crate::driver::{Context, Error, MANAGER};
+use crate::external::{CloudError, fail};
+
+/// Held while objects of the namespace use the ProviderConfig.
+pub const IN_USE_FINALIZER: &str = "cloud.cairn.dev/in-use";
+/// How often working credentials are checked again.
+const RECHECK: Duration = Duration::from_secs(300);
+/// How often a deletion held by users, or a missing Secret, is looked at
+/// again.
+const WHILE_HELD: Duration = Duration::from_secs(10);
+/// Users named in the `InUse` message; the rest are counted.
+const NAMED_USERS: usize = 10;
+
+/// What the users of ProviderConfigs are found in.
+pub struct Users {
+    pub buckets: Store<ObjectBucket>,
+}
+
+impl Users {
+    /// `Kind/name` of every object of `namespace` that uses `config`, sorted.
+    fn of(&self, namespace: &str, config: &str) -> Vec<String> {
+        let mut users: Vec<String> = self
+            .buckets
+            .state()
+            .iter()
+            .filter(|b| {
+                b.namespace().as_deref() == Some(namespace)
+                    && b.spec.provider_config_ref.name == config
+            })
+            .map(|b| format!("ObjectBucket/{}", b.name_any()))
+            .collect();
+        users.sort();
+        users
+    }
+}
+
+/// Reconciles one ProviderConfig.
+pub async fn reconcile(
+    config: Arc<ProviderConfig>,
+    ctx: Arc<(Arc<Context>, Users)>,
+) -> Result<Recheck, Error> {
+    let (ctx, users) = (&ctx.0, &ctx.1);
+    let namespace = config.namespace().unwrap_or_default();
+    let name = config.name_any();
+    let api = Api::<ProviderConfig>::namespaced(ctx.client.clone(), &namespace);
+    let users = users.of(&namespace, &name);
+    let in_use = in_use(&users);
+    if config.meta().deletion_timestamp.is_some() {
+        if users.is_empty() {
+            finalizers::remove(&api, &*config, IN_USE_FINALIZER).await?;
+            return Ok(Recheck::AfterResync);
+        }
+        write_status(&api, &config, None, in_use, users.len()).await?;
+        return Ok(Recheck::Within(WHILE_HELD));
+    }
+    finalizers::add(&api, &*config, IN_USE_FINALIZER).await?;
+    let identity = match ctx.provider(&namespace, &name).await {
+        Ok(provider) => caller_identity(&provider.sts()).await,
+        Err(Error::Provider(unusable)) => Err(Unchecked::Unusable(unusable.0)),
+        Err(e) => return Err(e),
+    };
+    let ready = match &identity {
+        Ok(account) => (
+            true,
+            "CredentialsValid",
+            format!("the credentials work (account {account})"),
+        ),
+        Err(Unchecked::Unusable(message)) => (false, "ProviderConfigUnusable", message.clone()),
+        Err(Unchecked::Refused(e)) => (false, e.reason(), e.to_string()),
+    };
+    write_status(&api, &config, Some(ready), in_use, users.len()).await?;
+    match identity {
+        Err(Unchecked::Refused(e)) => Err(e.into()),
+        // Secrets are not watched: a missing one is looked for again soon.
+        Err(Unchecked::Unusable(_)) => Ok(Recheck::Within(WHILE_HELD)),
+        Ok(_) => Ok(Recheck::Within(RECHECK)),
+    }
+}
+
+/// Why the credentials were not shown to work.
+enum Unchecked {
+    /// The ProviderConfig or its Secret cannot make a client.
+    Unusable(String),
+    /// The provider refused or failed the identity call.
+    Refused(CloudError),
+}
+
+/// The account the credentials belong to.
+async fn caller_identity(sts: &aws_sdk_sts::Client) -> Result<String, Unchecked> {
+    let identity = sts
+        .get_caller_identity()
+        .send()
+        .await
+        .map_err(|e| Unchecked::Refused(fail("GetCallerIdentity", e)))?;
+    Ok(identity.account().unwrap_or("unknown").to_owned())
+}
+
+/// The `InUse` condition: whether objects use it, naming the first ones.
+fn in_use(users: &[String]) -> (bool, &'static str, String) {
+    if users.is_empty() {
+        return (false, "Unused", "no object uses it".to_owned());
+    }
+    let mut message = format!(
+        "used by {} object(s): {}",
+        users.len(),
+        users[..users.len().min(NAMED_USERS)].join(", ")
+    );
+    if users.len() > NAMED_USERS {
+        message.push_str(", …");
+    }
+    message.push_str("; deleting it waits until none does");
+    (true, "InUse", message)
+}
+
+/// Writes `Ready` (unless `None`), `InUse` and the user count when they
+/// change; nothing at steady state.
+async fn write_status(
+    api: &Api<ProviderConfig>,
+    config: &ProviderConfig,
+    ready: Option<(bool, &str, String)>,
+    in_use: (bool, &str, String),
+    users: usize,
+) -> Result<(), kube::Error> {
+    let previous = config.status.clone().unwrap_or_default();
+    let status = next_status(
+        &previous,
+        config.meta().generation,
+        ready,
+        in_use,
+        users,
+        Time(Timestamp::now()),
+    );
+    if status == previous {
+        return Ok(());
+    }
+    let patch = json!({
+        "apiVersion": ProviderConfig::api_version(&()),
+        "kind": ProviderConfig::kind(&()),
+        "status": status,
+    });
+    api.patch_status(
+        &config.name_any(),
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
+/// The status with these conditions set (pure: unit-tested).
+fn next_status(
+    previous: &CloudStatus,
+    generation: Option<i64>,
+    ready: Option<(bool, &str, String)>,
+    in_use: (bool, &str, String),
+    users: usize,
+    now: Time,
+) -> CloudStatus {
+    let mut status = previous.clone();
+    let (used, reason, message) = in_use;
+    let mut set = |type_: &str, value: bool, reason: &str, message: String| {
+        let condition = conditions::new(type_, value, reason, message, generation, now.clone());
+        conditions::set(&mut status.conditions, condition);
+    };
+    if let Some((value, reason, message)) = ready {
+        set("Ready", value, reason, message);
+    }
+    set("InUse", used, reason, message);
+    status
+        .at_provider
+        .insert("users".to_owned(), users.to_string());
+    status.observed_generation = generation;
+    status
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn now() -> Time {
+        Time(Timestamp::UNIX_EPOCH)
+    }
+
+    #[test]
+    fn in_use_names_the_first_users_and_counts_all() {
+        assert_eq!(in_use(&[]).1, "Unused");
+        let users: Vec<String> = (0..12).map(|i| format!("ObjectBucket/b{i:02}")).collect();
+        let (used, reason, message) = in_use(&users);
+        assert!(used);
+        assert_eq!(reason, "InUse");
+        assert!(message.starts_with("used by 12 object(s): ObjectBucket/b00,"));
+        assert!(message.contains("ObjectBucket/b09, …"));
+        assert!(!message.contains("b10"));
+    }
+
+    #[test]
+    fn an_unchanged_status_is_equal_so_nothing_is_written() {
+        let ready = || Some((true, "CredentialsValid", "ok".to_owned()));
+        let first = next_status(
+            &CloudStatus::default(),
+            Some(1),
+            ready(),
+            in_use(&["ObjectBucket/a".to_owned()]),
+            1,
+            now(),
+        );
+        let later = Time(Timestamp::from_second(60).unwrap_or(Timestamp::UNIX_EPOCH));
+        let again = next_status(
+            &first,
+            Some(1),
+            ready(),
+            in_use(&["ObjectBucket/a".to_owned()]),
+            1,
+            later,
+        );
+        assert_eq!(first, again);
+        assert_eq!(
+            first.at_provider.get("users").map(String::as_str),
+            Some("1")
+        );
+    }
+
+    #[test]
+    fn a_held_deletion_keeps_the_last_ready_condition() {
+        let first = next_status(
+            &CloudStatus::default(),
+            Some(1),
+            Some((true, "CredentialsValid", "ok".to_owned())),
+            in_use(&[]),
+            0,
+            now(),
+        );
+        let held = next_status(
+            &first,
+            Some(1),
+            None,
+            in_use(&["ObjectBucket/a".to_owned()]),
+            1,
+            now(),
+        );
+        let reasons: Vec<&str> = held.conditions.iter().map(|c| c.reason.as_str()).collect();
+        assert!(reasons.contains(&"CredentialsValid") && reasons.contains(&"InUse"));
+    }
+}
