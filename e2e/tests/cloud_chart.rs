@@ -19,6 +19,8 @@ use serde_json::json;
 type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
 
 const CHART: &str = "cairn-cloud-controller";
+/// The tag the controller puts on what it creates: its object's UID.
+const OWNER_TAG: &str = "cairn.dev/owner-uid";
 const TIMEOUT: Duration = Duration::from_secs(90);
 
 #[tokio::test]
@@ -56,11 +58,12 @@ async fn the_chart_runs_the_cloud_controller_in_pods() -> Result {
         .ok_or("no external name")?;
 
     let s3 = s3::client(cluster().s3_endpoint());
-    let versioning = s3.get_bucket_versioning().bucket(&name).send().await?;
-    assert_eq!(
-        versioning.status().map(|s| s.as_str()),
-        Some("Enabled"),
-        "versioning of {name}"
+    // Made by this object: tagged with its UID.
+    let tags = s3.get_bucket_tagging().bucket(&name).send().await?.tag_set;
+    assert!(
+        tags.iter()
+            .any(|t| t.key == OWNER_TAG && Some(t.value.as_str()) == ready.uid().as_deref()),
+        "{name} is not tagged with its owner: {tags:?}"
     );
     let connection = ns.api::<Secret>().get("backups-bucket").await?;
     let bucket_key = connection
