@@ -136,6 +136,16 @@ impl Context {
     /// The provider of ProviderConfig `name` in `namespace`. Its Secret is
     /// read, not cached: the controller may not watch every Secret.
     pub(crate) async fn provider(&self, namespace: &str, name: &str) -> Result<Provider, Error> {
+        Ok(self.versioned_provider(namespace, name).await?.1)
+    }
+
+    /// The provider and the version it was made from: the ProviderConfig's
+    /// and its Secret's resource versions.
+    pub(crate) async fn versioned_provider(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<(String, Provider), Error> {
         let key = ObjectRef::<ProviderConfig>::new(name).within(namespace);
         let config = self.provider_configs.get(&key).ok_or_else(|| {
             Unusable(format!(
@@ -157,12 +167,12 @@ impl Context {
         if let Some((known, provider)) = providers.get(&key)
             && *known == version
         {
-            return Ok(provider.clone());
+            return Ok((version, provider.clone()));
         }
         let provider =
             Provider::new(&config.spec, secret.as_ref())?.counting(self.metrics.calls.clone());
-        providers.insert(key, (version, provider.clone()));
-        Ok(provider)
+        providers.insert(key, (version.clone(), provider.clone()));
+        Ok((version, provider))
     }
 }
 

@@ -3,8 +3,9 @@
 //! a finalizer that holds its deletion while any still does — an object
 //! whose ProviderConfig is gone could not delete its external resource.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use cairn_api::cloud::v1alpha1::{CloudStatus, ObjectBucket, ProviderConfig};
 use cairn_runtime::conditions::{self, Time};
@@ -12,7 +13,7 @@ use cairn_runtime::finalizers;
 use cairn_runtime::manager::Recheck;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
@@ -29,12 +30,51 @@ const WHILE_HELD: Duration = Duration::from_secs(10);
 /// Users named in the `InUse` message; the rest are counted.
 const NAMED_USERS: usize = 10;
 
-/// What the users of ProviderConfigs are found in.
+/// What the users of ProviderConfigs are found in, and the last successful
+/// credentials check of each.
 pub struct Users {
     pub buckets: Store<ObjectBucket>,
+    checks: Mutex<HashMap<ObjectRef<ProviderConfig>, Check>>,
+}
+
+/// A successful identity call: for which version of the ProviderConfig and
+/// its Secret, when, and the account.
+struct Check {
+    version: String,
+    at: Instant,
+    account: String,
 }
 
 impl Users {
+    pub fn new(buckets: Store<ObjectBucket>) -> Self {
+        Self {
+            buckets,
+            checks: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The account of a check of this `version` less than [`RECHECK`] ago:
+    /// a reconcile woken by a user's change makes no call.
+    fn recent_check(&self, key: &ObjectRef<ProviderConfig>, version: &str) -> Option<String> {
+        let checks = self.checks.lock().unwrap_or_else(|p| p.into_inner());
+        checks
+            .get(key)
+            .filter(|c| c.version == version && c.at.elapsed() < RECHECK)
+            .map(|c| c.account.clone())
+    }
+
+    fn checked(&self, key: ObjectRef<ProviderConfig>, version: String, account: String) {
+        let mut checks = self.checks.lock().unwrap_or_else(|p| p.into_inner());
+        checks.insert(
+            key,
+            Check {
+                version,
+                at: Instant::now(),
+                account,
+            },
+        );
+    }
+
     /// `Kind/name` of every object of `namespace` that uses `config`, sorted.
     fn of(&self, namespace: &str, config: &str) -> Vec<String> {
         let mut users: Vec<String> = self
@@ -57,11 +97,12 @@ pub async fn reconcile(
     config: Arc<ProviderConfig>,
     ctx: Arc<(Arc<Context>, Users)>,
 ) -> Result<Recheck, Error> {
-    let (ctx, users) = (&ctx.0, &ctx.1);
+    let (ctx, registry) = (&ctx.0, &ctx.1);
     let namespace = config.namespace().unwrap_or_default();
     let name = config.name_any();
+    let key = ObjectRef::from_obj(&*config);
     let api = Api::<ProviderConfig>::namespaced(ctx.client.clone(), &namespace);
-    let users = users.of(&namespace, &name);
+    let users = registry.of(&namespace, &name);
     let in_use = in_use(&users);
     if config.meta().deletion_timestamp.is_some() {
         if users.is_empty() {
@@ -72,8 +113,17 @@ pub async fn reconcile(
         return Ok(Recheck::Within(WHILE_HELD));
     }
     finalizers::add(&api, &*config, IN_USE_FINALIZER).await?;
-    let identity = match ctx.provider(&namespace, &name).await {
-        Ok(provider) => caller_identity(&provider.sts()).await,
+    let identity = match ctx.versioned_provider(&namespace, &name).await {
+        Ok((version, provider)) => match registry.recent_check(&key, &version) {
+            Some(account) => Ok(account),
+            None => {
+                let identity = caller_identity(&provider.sts()).await;
+                if let Ok(account) = &identity {
+                    registry.checked(key, version, account.clone());
+                }
+                identity
+            }
+        },
         Err(Error::Provider(unusable)) => Err(Unchecked::Unusable(unusable.0)),
         Err(e) => return Err(e),
     };

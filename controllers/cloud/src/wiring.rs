@@ -33,9 +33,7 @@ pub fn controllers(manager: &mut Manager) -> Result<Vec<Runnable>, prometheus::E
         POLL,
         metrics,
     ));
-    let users = Users {
-        buckets: bucket_store.clone(),
-    };
+    let users = Users::new(bucket_store.clone());
     // A bucket created, deleted or moved also wakes its ProviderConfig (its
     // users changed).
     let (bucket_changes, users_changes) = buckets.trigger_on_spec_change_for_two();

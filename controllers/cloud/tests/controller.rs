@@ -3,6 +3,7 @@
 //! refused, adopted, orphaned and deleted as their policies say; S3 read back
 //! with the AWS SDK.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use cairn_cloud_controller::external::OWNER_TAG;
 use cairn_cloud_controller::policy::ADOPT_ANNOTATION;
 use cairn_cloud_controller::provider_config::IN_USE_FINALIZER;
 use cairn_testing::process::ControllerProcess;
-use cairn_testing::{Error, TestNamespace, cluster, crds, s3, wait};
+use cairn_testing::{Error, TestNamespace, audit, cluster, crds, s3, wait};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
@@ -401,4 +402,97 @@ fn message(config: &ProviderConfig, type_: &str) -> String {
         .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
         .map(|c| c.message.clone())
         .unwrap_or_default()
+}
+
+/// Converged, the controller writes nothing to the API server, and calls the
+/// provider only to observe, at each bucket's poll interval (10 s here).
+#[tokio::test]
+async fn at_steady_state_it_writes_nothing_and_only_observes() -> Result {
+    const BUCKETS: usize = 3;
+    const WINDOW: Duration = Duration::from_secs(30);
+    let namespace = cluster().namespace("cloud-idle").await?;
+    let controller = controller(&namespace).await?;
+    provider(&namespace).await?;
+    let buckets = namespace.api::<ObjectBucket>();
+    for i in 0..BUCKETS {
+        let spec = json!({
+            "versioning": true,
+            "lifecycle": { "expireAfterDays": 7 },
+            "writeConnectionSecretToRef": { "name": format!("idle-{i}-bucket") },
+        });
+        buckets
+            .create(&PostParams::default(), &bucket(&format!("idle-{i}"), spec)?)
+            .await?;
+    }
+    for i in 0..BUCKETS {
+        until_condition(
+            &buckets,
+            &format!("idle-{i}"),
+            "Ready",
+            "True",
+            Some("Available"),
+        )
+        .await?;
+    }
+    until_config(&namespace.api::<ProviderConfig>(), "moto", |c| {
+        condition(c, "Ready", "True", "CredentialsValid")
+    })
+    .await?;
+
+    let before = provider_calls(&controller.metrics().await?);
+    let user = format!(
+        "system:serviceaccount:{0}:{0}-cloud-{CHART}",
+        namespace.name
+    );
+    let writes = audit::Tail::from_now(&cluster().audit_log())?
+        .unwanted_within(WINDOW, |w| {
+            w.user == user
+                && w.namespace.as_deref() == Some(&namespace.name)
+                && w.resource != "leases"
+        })
+        .await?;
+    assert!(writes.is_empty(), "writes at steady state: {writes:?}");
+    let after = provider_calls(&controller.metrics().await?);
+    let calls: BTreeMap<&String, f64> = after
+        .iter()
+        .map(|(series, n)| (series, n - before.get(series).copied().unwrap_or(0.0)))
+        .filter(|(_, n)| *n > 0.0)
+        .collect();
+    eprintln!(
+        "provider calls in {}s idle, {BUCKETS} buckets: {calls:?}",
+        WINDOW.as_secs()
+    );
+    for series in calls.keys() {
+        assert!(
+            ["operation=\"Head", "operation=\"Get", "operation=\"List"]
+                .iter()
+                .any(|read| series.contains(read)),
+            "a call that is not an observation at steady state: {series}"
+        );
+    }
+    // Each bucket is observed every 9 to 11 s: 2 to 4 times in the window.
+    let heads: f64 = calls
+        .iter()
+        .filter(|(series, _)| series.contains("operation=\"HeadBucket\""))
+        .map(|(_, n)| n)
+        .sum();
+    let per_bucket = heads / BUCKETS as f64;
+    assert!(
+        (2.0..=4.0).contains(&per_bucket),
+        "{heads} HeadBucket calls for {BUCKETS} buckets polled every 10 s in {}s",
+        WINDOW.as_secs()
+    );
+    Ok(())
+}
+
+/// `cairn_provider_calls_total` by its labels.
+fn provider_calls(metrics: &str) -> BTreeMap<String, f64> {
+    metrics
+        .lines()
+        .filter_map(|line| line.strip_prefix("cairn_provider_calls_total{"))
+        .filter_map(|rest| {
+            let (labels, value) = rest.split_once("} ")?;
+            Some((labels.to_owned(), value.trim().parse().ok()?))
+        })
+        .collect()
 }
