@@ -6,7 +6,7 @@
 # controllers run in pods in namespace cairn-system, watching cairn-samples;
 # the backup chart ships its CRDs); creates a sample of every kind in
 # cairn-samples, the DatabaseCluster's PostgreSQL running on the real nodes,
-# the ProviderConfig pointing at moto.
+# the ProviderConfig pointing at moto (with the DnsRecord's zone made there).
 # Prints how to use it.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -46,6 +46,14 @@ helm upgrade --install cairn-backup-controller "$CAIRN_ROOT/charts/cairn-backup-
 # ProviderConfig's endpoint: moto, with its fixed test credentials.
 kubectl -n "$SAMPLES" create secret generic aws-credentials --from-literal=AWS_ACCESS_KEY_ID=testing \
   --from-literal=AWS_SECRET_ACCESS_KEY=testing --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+# The sample DnsRecord's hosted zone, made in moto once.
+"$("$CAIRN_ROOT/hack/moto-venv.sh")/bin/python" - "$CAIRN_S3_ENDPOINT" <<'PY'
+import sys, boto3
+route53 = boto3.client("route53", endpoint_url=sys.argv[1], region_name="us-east-1",
+                       aws_access_key_id="testing", aws_secret_access_key="testing")
+if not any(z["Name"] == "example.com." for z in route53.list_hosted_zones()["HostedZones"]):
+    route53.create_hosted_zone(Name="example.com", CallerReference="cairn-samples")
+PY
 for sample in "$CAIRN_ROOT"/config/samples/*.yaml; do
   echo "---"
   case $sample in
@@ -70,10 +78,11 @@ Cairn local cluster is up: Kubernetes $KUBERNETES_VERSION, $CAIRN_REAL_NODES rea
   psql on the sample cluster's primary, through its -rw Service:
     kubectl -n $SAMPLES exec -it orders-0 -- sh -c 'psql "host=orders-rw user=\$(cat /etc/cairn/credentials/username) dbname=\$(cat /etc/cairn/credentials/database) password=\$(cat /etc/cairn/credentials/password)"'
 
-  the sample ObjectBucket is a bucket in moto, its connection details in Secret backups-bucket:
-    kubectl -n $SAMPLES get objectbucket backups; kubectl -n $SAMPLES get secret backups-bucket
+  the sample ObjectBucket is a bucket in moto, its connection details in Secret backups-bucket;
+  the sample DnsRecord a record set in moto's hosted zone example.com:
+    kubectl -n $SAMPLES get objectbucket,dnsrecord,providerconfig; kubectl -n $SAMPLES get secret backups-bucket
 
-  (the backup controller and DnsRecord are not built yet; their samples are not reconciled)
+  (the backup controller is not built yet; the Backup samples are not reconciled)
 
   rebuild and roll the controller after a change:  hack/dev-up.sh
   logs of each component:  $STATE/logs/     stop it:  hack/local-cluster.sh down

@@ -9,6 +9,7 @@
 pub const GROUP: &str = cairn_api::CLOUD_GROUP;
 
 pub mod bucket;
+pub mod dns;
 pub mod driver;
 pub mod external;
 pub mod metrics;

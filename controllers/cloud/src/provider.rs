@@ -149,6 +149,23 @@ impl Provider {
         aws_sdk_s3::Client::from_conf(config.build())
     }
 
+    /// A Route53 client (a global service: signed for us-east-1), through
+    /// this provider's token bucket.
+    pub fn route53(&self) -> aws_sdk_route53::Client {
+        let mut config = aws_sdk_route53::Config::builder()
+            .behavior_version(aws_sdk_route53::config::BehaviorVersion::latest())
+            .region(aws_sdk_route53::config::Region::new("us-east-1"))
+            .credentials_provider(self.credentials.clone())
+            .http_client(self.http.clone());
+        if let Some(calls) = &self.calls {
+            config = config.interceptor(CallCounter(calls.clone()));
+        }
+        if let Some(endpoint) = &self.endpoint {
+            config = config.endpoint_url(endpoint);
+        }
+        aws_sdk_route53::Client::from_conf(config.build())
+    }
+
     /// An STS client (the identity check), through this provider's token
     /// bucket.
     pub fn sts(&self) -> aws_sdk_sts::Client {

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cairn_api::cloud::v1alpha1::{CloudStatus, ObjectBucket, ProviderConfig};
+use cairn_api::cloud::v1alpha1::{CloudStatus, DnsRecord, ObjectBucket, ProviderConfig};
 use cairn_runtime::conditions::{self, Time};
 use cairn_runtime::finalizers;
 use cairn_runtime::manager::Recheck;
@@ -17,7 +17,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
-use crate::driver::{Context, Error, MANAGER};
+use crate::driver::{Context, Error, MANAGER, Managed};
 use crate::external::{CloudError, fail};
 
 /// Held while objects of the namespace use the ProviderConfig.
@@ -33,7 +33,8 @@ const NAMED_USERS: usize = 10;
 /// What the users of ProviderConfigs are found in, and the last successful
 /// credentials check of each.
 pub struct Users {
-    pub buckets: Store<ObjectBucket>,
+    buckets: Store<ObjectBucket>,
+    records: Store<DnsRecord>,
     checks: Mutex<HashMap<ObjectRef<ProviderConfig>, Check>>,
 }
 
@@ -46,9 +47,10 @@ struct Check {
 }
 
 impl Users {
-    pub fn new(buckets: Store<ObjectBucket>) -> Self {
+    pub fn new(buckets: Store<ObjectBucket>, records: Store<DnsRecord>) -> Self {
         Self {
             buckets,
+            records,
             checks: Mutex::new(HashMap::new()),
         }
     }
@@ -77,19 +79,20 @@ impl Users {
 
     /// `Kind/name` of every object of `namespace` that uses `config`, sorted.
     fn of(&self, namespace: &str, config: &str) -> Vec<String> {
-        let mut users: Vec<String> = self
-            .buckets
-            .state()
-            .iter()
-            .filter(|b| {
-                b.namespace().as_deref() == Some(namespace)
-                    && b.spec.provider_config_ref.name == config
-            })
-            .map(|b| format!("ObjectBucket/{}", b.name_any()))
-            .collect();
+        let mut users = named_users(&self.buckets, namespace, config);
+        users.extend(named_users(&self.records, namespace, config));
         users.sort();
         users
     }
+}
+
+fn named_users<M: Managed>(store: &Store<M>, namespace: &str, config: &str) -> Vec<String> {
+    store
+        .state()
+        .iter()
+        .filter(|o| o.namespace().as_deref() == Some(namespace) && o.provider_config() == config)
+        .map(|o| format!("{}/{}", M::kind(&()), o.name_any()))
+        .collect()
 }
 
 /// Reconciles one ProviderConfig.

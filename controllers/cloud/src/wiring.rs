@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use cairn_api::cloud::v1alpha1::{ObjectBucket, ProviderConfig};
+use cairn_api::cloud::v1alpha1::{DnsRecord, ObjectBucket, ProviderConfig};
 use cairn_runtime::manager::{Manager, Runnable};
 use futures::StreamExt;
 use kube::ResourceExt;
@@ -11,7 +11,7 @@ use kube::runtime::controller::Controller;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 
-use crate::driver::{self, Context};
+use crate::driver::{self, Context, Managed};
 use crate::metrics::CloudMetrics;
 use crate::provider_config::{self, Users};
 
@@ -19,28 +19,30 @@ use crate::provider_config::{self, Users};
 /// object says otherwise (`cloud.cairn.dev/poll-seconds`).
 pub const POLL: Duration = Duration::from_secs(60);
 
-/// ObjectBuckets and ProviderConfigs, each woken by a new generation, new
-/// annotations or deletion. A ProviderConfig's users are read from the
-/// ObjectBucket cache.
+/// ObjectBuckets, DnsRecords and ProviderConfigs, each woken by a new
+/// generation, new annotations or deletion. A ProviderConfig's users are
+/// read from the other two caches, and a user created, deleted or moved
+/// wakes its ProviderConfig.
 pub fn controllers(manager: &mut Manager) -> Result<Vec<Runnable>, prometheus::Error> {
     let metrics = CloudMetrics::register(&manager.metrics.registry)?;
     let buckets = manager.cache(manager.api::<ObjectBucket>(), watcher::Config::default());
+    let records = manager.cache(manager.api::<DnsRecord>(), watcher::Config::default());
     let configs = manager.cache(manager.api::<ProviderConfig>(), watcher::Config::default());
-    let (bucket_store, config_store) = (buckets.store(), configs.store());
+    let (bucket_store, record_store, config_store) =
+        (buckets.store(), records.store(), configs.store());
     let context = Arc::new(Context::new(
         manager.client.clone(),
         config_store.clone(),
         POLL,
         metrics,
     ));
-    let users = Users::new(bucket_store.clone());
-    // A bucket created, deleted or moved also wakes its ProviderConfig (its
-    // users changed).
-    let (bucket_changes, users_changes) = buckets.trigger_on_spec_change_for_two();
-    let config_of = |bucket: Arc<ObjectBucket>| {
-        ObjectRef::<ProviderConfig>::new(&bucket.spec.provider_config_ref.name)
-            .within(&bucket.namespace().unwrap_or_default())
-    };
+    let users = Users::new(bucket_store.clone(), record_store.clone());
+    let (bucket_changes, bucket_users) = buckets.trigger_on_spec_change_for_two();
+    let (record_changes, record_users) = records.trigger_on_spec_change_for_two();
+    let users_changed = futures::stream::select(
+        bucket_users.map(|b| config_of(&*b)),
+        record_users.map(|r| config_of(&*r)),
+    );
     Ok(vec![
         manager.runnable(
             Controller::for_shared_stream(bucket_changes, bucket_store),
@@ -48,10 +50,20 @@ pub fn controllers(manager: &mut Manager) -> Result<Vec<Runnable>, prometheus::E
             context.clone(),
         ),
         manager.runnable(
+            Controller::for_shared_stream(record_changes, record_store),
+            driver::reconcile::<DnsRecord>,
+            context.clone(),
+        ),
+        manager.runnable(
             Controller::for_shared_stream(configs.trigger_on_spec_change(), config_store)
-                .reconcile_on(users_changes.map(config_of)),
+                .reconcile_on(users_changed),
             provider_config::reconcile,
             Arc::new((context, users)),
         ),
     ])
+}
+
+/// The ProviderConfig an object uses.
+fn config_of(object: &impl Managed) -> ObjectRef<ProviderConfig> {
+    ObjectRef::new(object.provider_config()).within(&object.namespace().unwrap_or_default())
 }

@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use cairn_api::cloud::v1alpha1::{EXTERNAL_NAME_ANNOTATION, ObjectBucket, ProviderConfig};
+use cairn_api::cloud::v1alpha1::{
+    DnsRecord, EXTERNAL_NAME_ANNOTATION, ObjectBucket, ProviderConfig,
+};
 use cairn_cloud_controller::driver::FINALIZER;
 use cairn_cloud_controller::external::OWNER_TAG;
 use cairn_cloud_controller::policy::ADOPT_ANNOTATION;
@@ -495,4 +497,257 @@ fn provider_calls(metrics: &str) -> BTreeMap<String, f64> {
             Some((labels.to_owned(), value.trim().parse().ok()?))
         })
         .collect()
+}
+
+/// A Route53 client for the local cluster's moto.
+fn route53() -> aws_sdk_route53::Client {
+    let config = aws_sdk_route53::Config::builder()
+        .behavior_version(aws_sdk_route53::config::BehaviorVersion::latest())
+        .endpoint_url(cluster().s3_endpoint())
+        .region(aws_sdk_route53::config::Region::new("us-east-1"))
+        .credentials_provider(aws_credential_types::Credentials::new(
+            "testing",
+            "testing",
+            None,
+            None,
+            "cairn-test",
+        ))
+        .build();
+    aws_sdk_route53::Client::from_conf(config)
+}
+
+/// The values of record set `name`/`type_` in `zone_id`, sorted; empty if
+/// there is none.
+async fn record_values(
+    route53: &aws_sdk_route53::Client,
+    zone_id: &str,
+    name: &str,
+    type_: &str,
+) -> Result<Vec<String>> {
+    let sets = route53
+        .list_resource_record_sets()
+        .hosted_zone_id(zone_id)
+        .send()
+        .await?;
+    let mut values: Vec<String> = sets
+        .resource_record_sets()
+        .iter()
+        .filter(|s| s.name().trim_end_matches('.') == name && s.r#type().as_str() == type_)
+        .flat_map(|s| s.resource_records().iter().map(|r| r.value().to_owned()))
+        .collect();
+    values.sort();
+    Ok(values)
+}
+
+/// Sets record `name`/`type_` by hand (UPSERT), as someone outside Cairn.
+async fn set_by_hand(
+    route53: &aws_sdk_route53::Client,
+    zone_id: &str,
+    name: &str,
+    values: &[&str],
+) -> Result {
+    use aws_sdk_route53::types::{
+        Change, ChangeAction, ChangeBatch, ResourceRecord, ResourceRecordSet, RrType,
+    };
+    let records = values
+        .iter()
+        .map(|v| ResourceRecord::builder().value(*v).build())
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let set = ResourceRecordSet::builder()
+        .name(name)
+        .r#type(RrType::A)
+        .ttl(60)
+        .set_resource_records(Some(records))
+        .build()?;
+    let change = Change::builder()
+        .action(ChangeAction::Upsert)
+        .resource_record_set(set)
+        .build()?;
+    route53
+        .change_resource_record_sets()
+        .hosted_zone_id(zone_id)
+        .change_batch(ChangeBatch::builder().changes(change).build()?)
+        .send()
+        .await?;
+    Ok(())
+}
+
+fn record(name: &str, spec: serde_json::Value) -> Result<DnsRecord> {
+    let mut object = json!({
+        "apiVersion": "cloud.cairn.dev/v1alpha1", "kind": "DnsRecord",
+        "metadata": { "name": name, "annotations": { "cloud.cairn.dev/poll-seconds": "10" } },
+        "spec": { "providerConfigRef": { "name": "moto" }, "type": "A", "ttl": 60 },
+    });
+    if let (Some(base), Some(extra)) = (object["spec"].as_object_mut(), spec.as_object()) {
+        base.extend(extra.clone());
+    }
+    Ok(serde_json::from_value(object)?)
+}
+
+async fn until_record(
+    api: &Api<DnsRecord>,
+    name: &str,
+    type_: &str,
+    status: &str,
+    reason: &str,
+) -> std::result::Result<DnsRecord, Error> {
+    wait::for_object(
+        api,
+        name,
+        &format!("{type_}={status} {reason}"),
+        TIMEOUT,
+        |r| {
+            r.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == type_ && c.status == status && c.reason == reason)
+            })
+        },
+    )
+    .await
+}
+
+/// DnsRecords as Route53 record sets in moto: created with their owner
+/// record, drift corrected, spec changes applied, another's record refused,
+/// a missing zone terminal, deleted (Delete) or kept (Orphan).
+#[tokio::test]
+async fn dns_records_follow_their_policies() -> Result {
+    let namespace = cluster().namespace("cloud-dns").await?;
+    let _controller = controller(&namespace).await?;
+    provider(&namespace).await?;
+    let route53 = route53();
+    let zone = format!("{}.cairn.test", namespace.name);
+    let zone_id = route53
+        .create_hosted_zone()
+        .name(&zone)
+        .caller_reference(&namespace.name)
+        .send()
+        .await?
+        .hosted_zone()
+        .map(|z| z.id().to_owned())
+        .ok_or("no hosted zone id")?;
+    let records = namespace.api::<DnsRecord>();
+    let web = format!("web.{zone}");
+
+    // Created with its owner record, in one batch.
+    records
+        .create(
+            &PostParams::default(),
+            &record(
+                "web",
+                json!({ "zone": zone, "name": web, "values": ["10.0.0.2", "10.0.0.1"], "deletionPolicy": "Delete" }),
+            )?,
+        )
+        .await?;
+    let ready = until_record(&records, "web", "Ready", "True", "Available").await?;
+    assert_eq!(
+        ready
+            .annotations()
+            .get(EXTERNAL_NAME_ANNOTATION)
+            .map(String::as_str),
+        Some(format!("{web}/A").as_str())
+    );
+    assert_eq!(
+        record_values(&route53, &zone_id, &web, "A").await?,
+        ["10.0.0.1", "10.0.0.2"]
+    );
+    let owner = record_values(&route53, &zone_id, &format!("_cairn-owner-a.{web}"), "TXT").await?;
+    assert_eq!(
+        owner,
+        [format!(
+            "\"{OWNER_TAG}={}\"",
+            ready.uid().unwrap_or_default()
+        )]
+    );
+
+    // Drift made by hand is corrected within the poll interval.
+    set_by_hand(&route53, &zone_id, &web, &["10.9.9.9"]).await?;
+    let corrected = wait::until("the drift corrected", TIMEOUT, || async {
+        match record_values(&route53, &zone_id, &web, "A").await {
+            Ok(values) if values == ["10.0.0.1", "10.0.0.2"] => Ok(Some(())),
+            Ok(values) => Err(format!("{values:?}")),
+            Err(e) => Err(e.to_string()),
+        }
+    });
+    corrected.await?;
+
+    // A spec change is applied.
+    records
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "values": ["10.0.0.3"] } })),
+        )
+        .await?;
+    wait::until("the new values", TIMEOUT, || async {
+        match record_values(&route53, &zone_id, &web, "A").await {
+            Ok(values) if values == ["10.0.0.3"] => Ok(Some(())),
+            Ok(values) => Err(format!("{values:?}")),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await?;
+
+    // A record made by hand is not taken over.
+    let manual = format!("manual.{zone}");
+    set_by_hand(&route53, &zone_id, &manual, &["10.1.1.1"]).await?;
+    records
+        .create(
+            &PostParams::default(),
+            &record(
+                "clash",
+                json!({ "zone": zone, "name": manual, "values": ["10.2.2.2"] }),
+            )?,
+        )
+        .await?;
+    until_record(&records, "clash", "Ready", "False", "NotOwned").await?;
+    assert_eq!(
+        record_values(&route53, &zone_id, &manual, "A").await?,
+        ["10.1.1.1"]
+    );
+
+    // A zone that does not exist: terminal, said.
+    records
+        .create(
+            &PostParams::default(),
+            &record(
+                "lost",
+                json!({ "zone": "nowhere.cairn.test", "name": "a.nowhere.cairn.test", "values": ["10.3.3.3"] }),
+            )?,
+        )
+        .await?;
+    until_record(&records, "lost", "Synced", "False", "InvalidRequest").await?;
+
+    // Orphan keeps the record; Delete removes it and its owner record.
+    let kept = format!("kept.{zone}");
+    records
+        .create(
+            &PostParams::default(),
+            &record(
+                "kept",
+                json!({ "zone": zone, "name": kept, "values": ["10.4.4.4"], "deletionPolicy": "Orphan" }),
+            )?,
+        )
+        .await?;
+    until_record(&records, "kept", "Ready", "True", "Available").await?;
+    records.delete("kept", &DeleteParams::default()).await?;
+    wait::for_deletion(&records, "kept", TIMEOUT).await?;
+    assert_eq!(
+        record_values(&route53, &zone_id, &kept, "A").await?,
+        ["10.4.4.4"]
+    );
+
+    records.delete("web", &DeleteParams::default()).await?;
+    wait::for_deletion(&records, "web", TIMEOUT).await?;
+    assert!(
+        record_values(&route53, &zone_id, &web, "A")
+            .await?
+            .is_empty()
+    );
+    assert!(
+        record_values(&route53, &zone_id, &format!("_cairn-owner-a.{web}"), "TXT")
+            .await?
+            .is_empty()
+    );
+    Ok(())
 }
