@@ -28,6 +28,15 @@ done
 kubectl label --overwrite namespace "$CONTROLLER_NAMESPACE" \
   pod-security.kubernetes.io/enforce=restricted pod-security.kubernetes.io/enforce-version=latest >/dev/null
 
+# The sample DnsRecord's hosted zone, made in moto once, before the
+# cloud controller starts (a missing zone is terminal until the spec changes).
+"$("$CAIRN_ROOT/hack/moto-venv.sh")/bin/python" - "$CAIRN_S3_ENDPOINT" <<'PY'
+import sys, boto3
+route53 = boto3.client("route53", endpoint_url=sys.argv[1], region_name="us-east-1",
+                       aws_access_key_id="testing", aws_secret_access_key="testing")
+if not any(z["Name"] == "example.com." for z in route53.list_hosted_zones()["HostedZones"]):
+    route53.create_hosted_zone(Name="example.com", CallerReference="cairn-samples")
+PY
 # A new image under the same tag must reach the running pods: the release
 # records the image's digest, so a rebuilt image rolls the Deployment.
 log "installing the charts"
@@ -46,14 +55,6 @@ helm upgrade --install cairn-backup-controller "$CAIRN_ROOT/charts/cairn-backup-
 # ProviderConfig's endpoint: moto, with its fixed test credentials.
 kubectl -n "$SAMPLES" create secret generic aws-credentials --from-literal=AWS_ACCESS_KEY_ID=testing \
   --from-literal=AWS_SECRET_ACCESS_KEY=testing --dry-run=client -o yaml | kubectl apply -f - >/dev/null
-# The sample DnsRecord's hosted zone, made in moto once.
-"$("$CAIRN_ROOT/hack/moto-venv.sh")/bin/python" - "$CAIRN_S3_ENDPOINT" <<'PY'
-import sys, boto3
-route53 = boto3.client("route53", endpoint_url=sys.argv[1], region_name="us-east-1",
-                       aws_access_key_id="testing", aws_secret_access_key="testing")
-if not any(z["Name"] == "example.com." for z in route53.list_hosted_zones()["HostedZones"]):
-    route53.create_hosted_zone(Name="example.com", CallerReference="cairn-samples")
-PY
 for sample in "$CAIRN_ROOT"/config/samples/*.yaml; do
   echo "---"
   case $sample in

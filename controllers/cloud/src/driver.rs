@@ -155,13 +155,18 @@ impl Context {
         let secret = Api::<Secret>::namespaced(self.client.clone(), namespace)
             .get_opt(&config.spec.credentials_secret_ref.name)
             .await?;
+        // What the client is made of: the spec and the Secret's data, not
+        // their resource versions (the ProviderConfig's status and the
+        // Secret's finalizer change those), so its token bucket lasts.
         let version = format!(
-            "{}/{}",
-            config.resource_version().unwrap_or_default(),
-            secret
-                .as_ref()
-                .and_then(ResourceExt::resource_version)
-                .unwrap_or_default()
+            "{}/{:x}",
+            config.metadata.generation.unwrap_or_default(),
+            hash_of(
+                secret
+                    .as_ref()
+                    .and_then(|s| s.data.as_ref())
+                    .map(|data| data.iter().map(|(k, v)| (k, &v.0)).collect::<Vec<_>>())
+            )
         );
         let mut providers = self.providers.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((known, provider)) = providers.get(&key)
@@ -174,6 +179,12 @@ impl Context {
         providers.insert(key, (version.clone(), provider.clone()));
         Ok((version, provider))
     }
+}
+
+fn hash_of(value: impl std::hash::Hash) -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    static STATE: std::sync::OnceLock<RandomState> = std::sync::OnceLock::new();
+    STATE.get_or_init(RandomState::new).hash_one(value)
 }
 
 /// What the object asks, for `policy`.

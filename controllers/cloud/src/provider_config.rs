@@ -3,7 +3,7 @@
 //! a finalizer that holds its deletion while any still does — an object
 //! whose ProviderConfig is gone could not delete its external resource.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -11,6 +11,7 @@ use cairn_api::cloud::v1alpha1::{CloudStatus, DnsRecord, ObjectBucket, ProviderC
 use cairn_runtime::conditions::{self, Time};
 use cairn_runtime::finalizers;
 use cairn_runtime::manager::Recheck;
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -22,6 +23,13 @@ use crate::external::{CloudError, fail};
 
 /// Held while objects of the namespace use the ProviderConfig.
 pub const IN_USE_FINALIZER: &str = "cloud.cairn.dev/in-use";
+/// On the credentials Secret while a ProviderConfig names it: deleting the
+/// namespace (or the Secret) must not take the credentials away before the
+/// objects have deleted what they made with them.
+pub const CREDENTIALS_FINALIZER: &str = "cloud.cairn.dev/credentials-in-use";
+/// `status.atProvider` key: the Secret whose finalizer this ProviderConfig
+/// placed (released when the reference changes or the ProviderConfig goes).
+pub const HELD_SECRET: &str = "credentialsSecret";
 /// How often working credentials are checked again.
 const RECHECK: Duration = Duration::from_secs(300);
 /// How often a deletion held by users, or a missing Secret, is looked at
@@ -107,15 +115,33 @@ pub async fn reconcile(
     let api = Api::<ProviderConfig>::namespaced(ctx.client.clone(), &namespace);
     let users = registry.of(&namespace, &name);
     let in_use = in_use(&users);
+    let secrets = Api::<Secret>::namespaced(ctx.client.clone(), &namespace);
+    let wanted = config.spec.credentials_secret_ref.name.clone();
+    let held = config
+        .status
+        .as_ref()
+        .and_then(|s| s.at_provider.get(HELD_SECRET))
+        .cloned();
+    let shared = |secret: &str| used_by_another(&ctx.provider_configs, &config, secret);
     if config.meta().deletion_timestamp.is_some() {
         if users.is_empty() {
+            for secret in BTreeSet::from_iter([Some(wanted), held].into_iter().flatten()) {
+                if !shared(&secret) {
+                    release_credentials(&secrets, &secret).await?;
+                }
+            }
             finalizers::remove(&api, &*config, IN_USE_FINALIZER).await?;
             return Ok(Recheck::AfterResync);
         }
-        write_status(&api, &config, None, in_use, users.len()).await?;
+        let held = held.as_deref();
+        write_status(&api, &config, None, in_use, users.len(), held).await?;
         return Ok(Recheck::Within(WHILE_HELD));
     }
     finalizers::add(&api, &*config, IN_USE_FINALIZER).await?;
+    if let Some(old) = held.filter(|old| *old != wanted && !shared(old)) {
+        release_credentials(&secrets, &old).await?;
+    }
+    let holding = hold_credentials(&secrets, &wanted).await?;
     let identity = match ctx.versioned_provider(&namespace, &name).await {
         Ok((version, provider)) => match registry.recent_check(&key, &version) {
             Some(account) => Ok(account),
@@ -139,13 +165,48 @@ pub async fn reconcile(
         Err(Unchecked::Unusable(message)) => (false, "ProviderConfigUnusable", message.clone()),
         Err(Unchecked::Refused(e)) => (false, e.reason(), e.to_string()),
     };
-    write_status(&api, &config, Some(ready), in_use, users.len()).await?;
+    let held = holding.then_some(wanted.as_str());
+    write_status(&api, &config, Some(ready), in_use, users.len(), held).await?;
     match identity {
         Err(Unchecked::Refused(e)) => Err(e.into()),
         // Secrets are not watched: a missing one is looked for again soon.
         Err(Unchecked::Unusable(_)) => Ok(Recheck::Within(WHILE_HELD)),
         Ok(_) => Ok(Recheck::Within(RECHECK)),
     }
+}
+
+/// Puts the finalizer on credentials Secret `name`; whether it holds it (a
+/// Secret already being deleted takes no new finalizer).
+async fn hold_credentials(secrets: &Api<Secret>, name: &str) -> Result<bool, kube::Error> {
+    Ok(match secrets.get_opt(name).await? {
+        Some(secret) if secret.metadata.deletion_timestamp.is_none() => {
+            finalizers::add(secrets, &secret, CREDENTIALS_FINALIZER).await?;
+            true
+        }
+        Some(secret) => secret
+            .finalizers()
+            .iter()
+            .any(|f| f == CREDENTIALS_FINALIZER),
+        None => false,
+    })
+}
+
+async fn release_credentials(secrets: &Api<Secret>, name: &str) -> Result<(), kube::Error> {
+    if let Some(secret) = secrets.get_opt(name).await? {
+        finalizers::remove(secrets, &secret, CREDENTIALS_FINALIZER).await?;
+    }
+    Ok(())
+}
+
+/// Whether another ProviderConfig of the namespace, not being deleted,
+/// names Secret `secret`.
+fn used_by_another(configs: &Store<ProviderConfig>, config: &ProviderConfig, secret: &str) -> bool {
+    configs.state().iter().any(|other| {
+        other.namespace() == config.namespace()
+            && other.name_any() != config.name_any()
+            && other.metadata.deletion_timestamp.is_none()
+            && other.spec.credentials_secret_ref.name == secret
+    })
 }
 
 /// Why the credentials were not shown to work.
@@ -191,6 +252,7 @@ async fn write_status(
     ready: Option<(bool, &str, String)>,
     in_use: (bool, &str, String),
     users: usize,
+    held: Option<&str>,
 ) -> Result<(), kube::Error> {
     let previous = config.status.clone().unwrap_or_default();
     let status = next_status(
@@ -199,6 +261,7 @@ async fn write_status(
         ready,
         in_use,
         users,
+        held,
         Time(Timestamp::now()),
     );
     if status == previous {
@@ -225,6 +288,7 @@ fn next_status(
     ready: Option<(bool, &str, String)>,
     in_use: (bool, &str, String),
     users: usize,
+    held: Option<&str>,
     now: Time,
 ) -> CloudStatus {
     let mut status = previous.clone();
@@ -240,6 +304,12 @@ fn next_status(
     status
         .at_provider
         .insert("users".to_owned(), users.to_string());
+    match held {
+        Some(secret) => status
+            .at_provider
+            .insert(HELD_SECRET.to_owned(), secret.to_owned()),
+        None => status.at_provider.remove(HELD_SECRET),
+    };
     status.observed_generation = generation;
     status
 }
@@ -273,6 +343,7 @@ mod tests {
             ready(),
             in_use(&["ObjectBucket/a".to_owned()]),
             1,
+            None,
             now(),
         );
         let later = Time(Timestamp::from_second(60).unwrap_or(Timestamp::UNIX_EPOCH));
@@ -282,6 +353,7 @@ mod tests {
             ready(),
             in_use(&["ObjectBucket/a".to_owned()]),
             1,
+            None,
             later,
         );
         assert_eq!(first, again);
@@ -299,6 +371,7 @@ mod tests {
             Some((true, "CredentialsValid", "ok".to_owned())),
             in_use(&[]),
             0,
+            None,
             now(),
         );
         let held = next_status(
@@ -307,6 +380,7 @@ mod tests {
             None,
             in_use(&["ObjectBucket/a".to_owned()]),
             1,
+            None,
             now(),
         );
         let reasons: Vec<&str> = held.conditions.iter().map(|c| c.reason.as_str()).collect();

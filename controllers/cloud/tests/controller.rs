@@ -4,7 +4,6 @@
 //! with the AWS SDK.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::Duration;
 
 use cairn_api::cloud::v1alpha1::{
@@ -13,101 +12,16 @@ use cairn_api::cloud::v1alpha1::{
 use cairn_cloud_controller::driver::FINALIZER;
 use cairn_cloud_controller::external::OWNER_TAG;
 use cairn_cloud_controller::policy::ADOPT_ANNOTATION;
-use cairn_cloud_controller::provider_config::IN_USE_FINALIZER;
-use cairn_testing::process::ControllerProcess;
-use cairn_testing::{Error, TestNamespace, audit, cluster, crds, s3, wait};
+use cairn_cloud_controller::provider_config::{CREDENTIALS_FINALIZER, IN_USE_FINALIZER};
+use cairn_testing::{Error, audit, cluster, s3, wait};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
-type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+mod support;
 
-const CHART: &str = "cairn-cloud-controller";
-const TIMEOUT: Duration = Duration::from_secs(60);
-
-async fn controller(namespace: &TestNamespace) -> std::result::Result<ControllerProcess, Error> {
-    let local = cluster();
-    crds::install(&namespace.client, &cairn_api::crds::for_chart(CHART)).await?;
-    let account = local
-        .install_controller_rbac(CHART, "cloud", &namespace.name)
-        .await?;
-    let kubeconfig = local.service_account_kubeconfig(&namespace.name, &account)?;
-    ControllerProcess::start(
-        local,
-        Path::new(env!("CARGO_BIN_EXE_cairn-cloud-controller")),
-        &format!("{}-cloud", namespace.name),
-        &kubeconfig,
-        &[
-            ("CAIRN_NAMESPACES", namespace.name.as_str()),
-            ("CAIRN_LEASE_NAMESPACE", namespace.name.as_str()),
-        ],
-    )
-}
-
-/// A ProviderConfig `moto` for the local cluster's moto, and its Secret.
-async fn provider(namespace: &TestNamespace) -> Result {
-    let secret: Secret = serde_json::from_value(json!({
-        "metadata": { "name": "moto-credentials" },
-        "stringData": { "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing" },
-    }))?;
-    namespace
-        .api::<Secret>()
-        .create(&PostParams::default(), &secret)
-        .await?;
-    let config: ProviderConfig = serde_json::from_value(json!({
-        "apiVersion": "cloud.cairn.dev/v1alpha1", "kind": "ProviderConfig",
-        "metadata": { "name": "moto" },
-        "spec": {
-            "type": "aws", "region": "us-east-1", "endpoint": cluster().s3_endpoint(),
-            "credentialsSecretRef": { "name": "moto-credentials" },
-        },
-    }))?;
-    namespace
-        .api::<ProviderConfig>()
-        .create(&PostParams::default(), &config)
-        .await?;
-    Ok(())
-}
-
-fn bucket(name: &str, spec: serde_json::Value) -> Result<ObjectBucket> {
-    let mut object = json!({
-        "apiVersion": "cloud.cairn.dev/v1alpha1", "kind": "ObjectBucket",
-        "metadata": { "name": name, "annotations": { "cloud.cairn.dev/poll-seconds": "10" } },
-        "spec": { "providerConfigRef": { "name": "moto" }, "deletionPolicy": "Delete" },
-    });
-    if let (Some(base), Some(extra)) = (object["spec"].as_object_mut(), spec.as_object()) {
-        base.extend(extra.clone());
-    }
-    Ok(serde_json::from_value(object)?)
-}
-
-async fn until_condition(
-    api: &Api<ObjectBucket>,
-    name: &str,
-    type_: &str,
-    status: &str,
-    reason: Option<&str>,
-) -> std::result::Result<ObjectBucket, Error> {
-    let what = format!("{type_}={status} {}", reason.unwrap_or(""));
-    wait::for_object(api, name, &what, TIMEOUT, |b| {
-        let condition = b
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_));
-        condition.is_some_and(|c| c.status == status && reason.is_none_or(|r| c.reason == r))
-    })
-    .await
-}
-
-async fn exists(name: &str) -> Result<bool> {
-    let s3 = s3::client(cluster().s3_endpoint());
-    match s3.head_bucket().bucket(name).send().await {
-        Ok(_) => Ok(true),
-        Err(e) if e.raw_response().is_some_and(|r| r.status().as_u16() == 404) => Ok(false),
-        Err(e) => Err(e.into()),
-    }
-}
+use support::{CHART, Result, TIMEOUT, bucket, controller, exists, provider, until_condition};
 
 #[tokio::test]
 async fn object_buckets_follow_their_policies() -> Result {
@@ -338,6 +252,16 @@ async fn provider_configs_check_credentials_and_outlive_their_users() -> Result 
     })
     .await?;
     assert!(checked.finalizers().iter().any(|f| f == IN_USE_FINALIZER));
+    // Its credentials are held too: deleting the namespace must not take
+    // them before the objects have deleted what they made.
+    let secrets = namespace.api::<Secret>();
+    let credentials = secrets.get("moto-credentials").await?;
+    assert!(
+        credentials
+            .finalizers()
+            .iter()
+            .any(|f| f == CREDENTIALS_FINALIZER)
+    );
 
     // Credentials that cannot be read: said, with the Secret's name.
     let broken: ProviderConfig = serde_json::from_value(json!({
@@ -378,6 +302,11 @@ async fn provider_configs_check_credentials_and_outlive_their_users() -> Result 
     wait::for_deletion(&buckets, "user", TIMEOUT).await?;
     assert!(!exists(&name).await?, "{name} was left behind");
     wait::for_deletion(&configs, "moto", TIMEOUT).await?;
+    let released = secrets.get("moto-credentials").await?;
+    assert!(
+        released.finalizers().is_empty(),
+        "the credentials are still held"
+    );
     Ok(())
 }
 

@@ -55,7 +55,22 @@ impl LocalCluster {
         release: &str,
         namespace: &str,
     ) -> Result<String, Error> {
-        let watch = format!("watchNamespace={namespace}");
+        self.install_controller_rbac_watching(chart, release, namespace, namespace)
+            .await
+    }
+
+    /// [`LocalCluster::install_controller_rbac`] for a release in `namespace`
+    /// (its ServiceAccount and Lease) watching another namespace, `watch`, or
+    /// every namespace if it is empty (a ClusterRoleBinding: name the release
+    /// uniquely).
+    pub async fn install_controller_rbac_watching(
+        &self,
+        chart: &str,
+        release: &str,
+        namespace: &str,
+        watch: &str,
+    ) -> Result<String, Error> {
+        let watch = format!("watchNamespace={watch}");
         let mut args = vec![
             "--set",
             &watch,

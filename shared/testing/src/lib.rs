@@ -5,8 +5,9 @@
 //! local development cluster), [`LocalCluster::namespace`] gives each test a
 //! fresh namespace, [`LocalCluster::client_as_service_account`] a client that
 //! impersonates a ServiceAccount, [`crds::install`] installs CRDs, [`s3`] talks
-//! to the moto server, [`wait`] polls for a condition with a readable failure
-//! message, and [`audit`] counts write requests by user.
+//! to the moto server, [`faults`] puts a fault-injecting proxy in front of it,
+//! [`wait`] polls for a condition with a readable failure message, and
+//! [`audit`] counts write requests by user.
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), cairn_testing::Error> {
@@ -19,6 +20,7 @@ pub mod audit;
 mod cluster;
 pub mod crds;
 mod error;
+pub mod faults;
 pub mod helm;
 pub mod https;
 mod namespace;

@@ -1,0 +1,133 @@
+//! What the cloud controller's test binaries share: the controller as a
+//! process under its chart's RBAC, a ProviderConfig for moto, ObjectBuckets
+//! and waits on their conditions.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::time::Duration;
+
+use cairn_api::cloud::v1alpha1::{ObjectBucket, ProviderConfig};
+use cairn_testing::process::ControllerProcess;
+use cairn_testing::{Error, TestNamespace, cluster, crds, s3, wait};
+use k8s_openapi::api::core::v1::Secret;
+use kube::Api;
+use kube::api::PostParams;
+use serde_json::json;
+
+pub type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+pub const CHART: &str = "cairn-cloud-controller";
+pub const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The controller binary with its chart's RBAC, watching `namespace`, its
+/// ServiceAccount and Lease there too.
+pub async fn controller(
+    namespace: &TestNamespace,
+) -> std::result::Result<ControllerProcess, Error> {
+    controller_watching(namespace, namespace).await
+}
+
+/// The controller binary with its chart's default, cluster-wide RBAC (a
+/// ClusterRoleBinding, left behind), its ServiceAccount and Lease in `home`,
+/// watching only `watched`, which a test may delete whole: a RoleBinding in
+/// `watched` would go with it, and the controller's access too.
+pub async fn controller_watching(
+    home: &TestNamespace,
+    watched: &TestNamespace,
+) -> std::result::Result<ControllerProcess, Error> {
+    let local = cluster();
+    crds::install(&home.client, &cairn_api::crds::for_chart(CHART)).await?;
+    let release = format!("{}-cloud", home.name);
+    let account = local
+        .install_controller_rbac_watching(CHART, &release, &home.name, "")
+        .await?;
+    let kubeconfig = local.service_account_kubeconfig(&home.name, &account)?;
+    ControllerProcess::start(
+        local,
+        Path::new(env!("CARGO_BIN_EXE_cairn-cloud-controller")),
+        &format!("{}-cloud", watched.name),
+        &kubeconfig,
+        &[
+            ("CAIRN_NAMESPACES", watched.name.as_str()),
+            ("CAIRN_LEASE_NAMESPACE", home.name.as_str()),
+        ],
+    )
+}
+
+/// A ProviderConfig `moto` for the local cluster's moto, and its Secret.
+pub async fn provider(namespace: &TestNamespace) -> Result {
+    provider_at(namespace, cluster().s3_endpoint(), None).await
+}
+
+/// A ProviderConfig `moto` reaching moto at `endpoint` (a fault proxy in
+/// front of it), with `rate_limit` if given, and its Secret.
+pub async fn provider_at(
+    namespace: &TestNamespace,
+    endpoint: &str,
+    rate_limit: Option<serde_json::Value>,
+) -> Result {
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": { "name": "moto-credentials" },
+        "stringData": { "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing" },
+    }))?;
+    namespace
+        .api::<Secret>()
+        .create(&PostParams::default(), &secret)
+        .await?;
+    let mut spec = json!({
+        "type": "aws", "region": "us-east-1", "endpoint": endpoint,
+        "credentialsSecretRef": { "name": "moto-credentials" },
+    });
+    if let Some(rate_limit) = rate_limit {
+        spec["rateLimit"] = rate_limit;
+    }
+    let config: ProviderConfig = serde_json::from_value(json!({
+        "apiVersion": "cloud.cairn.dev/v1alpha1", "kind": "ProviderConfig",
+        "metadata": { "name": "moto" },
+        "spec": spec,
+    }))?;
+    namespace
+        .api::<ProviderConfig>()
+        .create(&PostParams::default(), &config)
+        .await?;
+    Ok(())
+}
+
+pub fn bucket(name: &str, spec: serde_json::Value) -> Result<ObjectBucket> {
+    let mut object = json!({
+        "apiVersion": "cloud.cairn.dev/v1alpha1", "kind": "ObjectBucket",
+        "metadata": { "name": name, "annotations": { "cloud.cairn.dev/poll-seconds": "10" } },
+        "spec": { "providerConfigRef": { "name": "moto" }, "deletionPolicy": "Delete" },
+    });
+    if let (Some(base), Some(extra)) = (object["spec"].as_object_mut(), spec.as_object()) {
+        base.extend(extra.clone());
+    }
+    Ok(serde_json::from_value(object)?)
+}
+
+pub async fn until_condition(
+    api: &Api<ObjectBucket>,
+    name: &str,
+    type_: &str,
+    status: &str,
+    reason: Option<&str>,
+) -> std::result::Result<ObjectBucket, Error> {
+    let what = format!("{type_}={status} {}", reason.unwrap_or(""));
+    wait::for_object(api, name, &what, TIMEOUT, |b| {
+        let condition = b
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_));
+        condition.is_some_and(|c| c.status == status && reason.is_none_or(|r| c.reason == r))
+    })
+    .await
+}
+
+pub async fn exists(name: &str) -> Result<bool> {
+    let s3 = s3::client(cluster().s3_endpoint());
+    match s3.head_bucket().bucket(name).send().await {
+        Ok(_) => Ok(true),
+        Err(e) if e.raw_response().is_some_and(|r| r.status().as_u16() == 404) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
