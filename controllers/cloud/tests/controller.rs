@@ -21,7 +21,10 @@ use serde_json::json;
 
 mod support;
 
-use support::{CHART, Result, TIMEOUT, bucket, controller, exists, provider, until_condition};
+use support::{
+    CHART, Result, TIMEOUT, bucket, controller, exists, provider, record, record_values, route53,
+    until_condition,
+};
 
 #[tokio::test]
 async fn object_buckets_follow_their_policies() -> Result {
@@ -428,46 +431,6 @@ fn provider_calls(metrics: &str) -> BTreeMap<String, f64> {
         .collect()
 }
 
-/// A Route53 client for the local cluster's moto.
-fn route53() -> aws_sdk_route53::Client {
-    let config = aws_sdk_route53::Config::builder()
-        .behavior_version(aws_sdk_route53::config::BehaviorVersion::latest())
-        .endpoint_url(cluster().s3_endpoint())
-        .region(aws_sdk_route53::config::Region::new("us-east-1"))
-        .credentials_provider(aws_credential_types::Credentials::new(
-            "testing",
-            "testing",
-            None,
-            None,
-            "cairn-test",
-        ))
-        .build();
-    aws_sdk_route53::Client::from_conf(config)
-}
-
-/// The values of record set `name`/`type_` in `zone_id`, sorted; empty if
-/// there is none.
-async fn record_values(
-    route53: &aws_sdk_route53::Client,
-    zone_id: &str,
-    name: &str,
-    type_: &str,
-) -> Result<Vec<String>> {
-    let sets = route53
-        .list_resource_record_sets()
-        .hosted_zone_id(zone_id)
-        .send()
-        .await?;
-    let mut values: Vec<String> = sets
-        .resource_record_sets()
-        .iter()
-        .filter(|s| s.name().trim_end_matches('.') == name && s.r#type().as_str() == type_)
-        .flat_map(|s| s.resource_records().iter().map(|r| r.value().to_owned()))
-        .collect();
-    values.sort();
-    Ok(values)
-}
-
 /// Sets record `name`/`type_` by hand (UPSERT), as someone outside Cairn.
 async fn set_by_hand(
     route53: &aws_sdk_route53::Client,
@@ -499,18 +462,6 @@ async fn set_by_hand(
         .send()
         .await?;
     Ok(())
-}
-
-fn record(name: &str, spec: serde_json::Value) -> Result<DnsRecord> {
-    let mut object = json!({
-        "apiVersion": "cloud.cairn.dev/v1alpha1", "kind": "DnsRecord",
-        "metadata": { "name": name, "annotations": { "cloud.cairn.dev/poll-seconds": "10" } },
-        "spec": { "providerConfigRef": { "name": "moto" }, "type": "A", "ttl": 60 },
-    });
-    if let (Some(base), Some(extra)) = (object["spec"].as_object_mut(), spec.as_object()) {
-        base.extend(extra.clone());
-    }
-    Ok(serde_json::from_value(object)?)
 }
 
 async fn until_record(

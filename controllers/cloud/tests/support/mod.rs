@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use cairn_api::cloud::v1alpha1::{ObjectBucket, ProviderConfig};
+use cairn_api::cloud::v1alpha1::{DnsRecord, ObjectBucket, ProviderConfig};
 use cairn_testing::process::ControllerProcess;
 use cairn_testing::{Error, TestNamespace, cluster, crds, s3, wait};
 use k8s_openapi::api::core::v1::Secret;
@@ -24,7 +24,34 @@ pub const TIMEOUT: Duration = Duration::from_secs(60);
 pub async fn controller(
     namespace: &TestNamespace,
 ) -> std::result::Result<ControllerProcess, Error> {
-    controller_watching(namespace, namespace).await
+    controller_as(namespace, "cloud", &[]).await
+}
+
+/// [`controller`] with its log named after `name` and `env` on top (e.g.
+/// a Lease of its own, for a process that follows a killed one at once).
+pub async fn controller_as(
+    namespace: &TestNamespace,
+    name: &str,
+    env: &[(&str, &str)],
+) -> std::result::Result<ControllerProcess, Error> {
+    let local = cluster();
+    crds::install(&namespace.client, &cairn_api::crds::for_chart(CHART)).await?;
+    let account = local
+        .install_controller_rbac(CHART, "cloud", &namespace.name)
+        .await?;
+    let kubeconfig = local.service_account_kubeconfig(&namespace.name, &account)?;
+    let mut all_env = vec![
+        ("CAIRN_NAMESPACES", namespace.name.as_str()),
+        ("CAIRN_LEASE_NAMESPACE", namespace.name.as_str()),
+    ];
+    all_env.extend_from_slice(env);
+    ControllerProcess::start(
+        local,
+        Path::new(env!("CARGO_BIN_EXE_cairn-cloud-controller")),
+        &format!("{}-{name}", namespace.name),
+        &kubeconfig,
+        &all_env,
+    )
 }
 
 /// The controller binary with its chart's default, cluster-wide RBAC (a
@@ -130,4 +157,58 @@ pub async fn exists(name: &str) -> Result<bool> {
         Err(e) if e.raw_response().is_some_and(|r| r.status().as_u16() == 404) => Ok(false),
         Err(e) => Err(e.into()),
     }
+}
+
+/// A Route53 client for the local cluster's moto.
+pub fn route53() -> aws_sdk_route53::Client {
+    let config = aws_sdk_route53::Config::builder()
+        .behavior_version(aws_sdk_route53::config::BehaviorVersion::latest())
+        .endpoint_url(cluster().s3_endpoint())
+        .region(aws_sdk_route53::config::Region::new("us-east-1"))
+        .credentials_provider(aws_credential_types::Credentials::new(
+            "testing",
+            "testing",
+            None,
+            None,
+            "cairn-test",
+        ))
+        .build();
+    aws_sdk_route53::Client::from_conf(config)
+}
+
+/// The values of record set `name`/`type_` in `zone_id`, sorted; empty if
+/// there is none.
+pub async fn record_values(
+    route53: &aws_sdk_route53::Client,
+    zone_id: &str,
+    name: &str,
+    type_: &str,
+) -> Result<Vec<String>> {
+    let sets = route53
+        .list_resource_record_sets()
+        .hosted_zone_id(zone_id)
+        .send()
+        .await?;
+    let mut values: Vec<String> = sets
+        .resource_record_sets()
+        .iter()
+        .filter(|s| s.name().trim_end_matches('.') == name && s.r#type().as_str() == type_)
+        .flat_map(|s| s.resource_records().iter().map(|r| r.value().to_owned()))
+        .collect();
+    values.sort();
+    Ok(values)
+}
+
+/// A DnsRecord of ProviderConfig `moto`, type A, TTL 60, polled every 10 s,
+/// with `spec` on top.
+pub fn record(name: &str, spec: serde_json::Value) -> Result<DnsRecord> {
+    let mut object = json!({
+        "apiVersion": "cloud.cairn.dev/v1alpha1", "kind": "DnsRecord",
+        "metadata": { "name": name, "annotations": { "cloud.cairn.dev/poll-seconds": "10" } },
+        "spec": { "providerConfigRef": { "name": "moto" }, "type": "A", "ttl": 60 },
+    });
+    if let (Some(base), Some(extra)) = (object["spec"].as_object_mut(), spec.as_object()) {
+        base.extend(extra.clone());
+    }
+    Ok(serde_json::from_value(object)?)
 }
