@@ -6,7 +6,14 @@ use aws_sdk_s3::config::{ConfigBag, Intercept, RuntimeComponents};
 use aws_smithy_runtime_api::box_error::BoxError;
 use aws_smithy_runtime_api::client::interceptors::context::FinalizerInterceptorContextRef;
 use aws_smithy_runtime_api::client::orchestrator::Metadata;
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use kube::runtime::reflector::Store;
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+use tokio::task::JoinHandle;
+
+use crate::driver::Managed;
 
 #[derive(Clone, Debug)]
 pub struct CloudMetrics {
@@ -20,6 +27,10 @@ pub struct CloudMetrics {
     /// `cairn_time_to_ready_seconds{kind}`: from the object's creation to
     /// the resource it had created being Ready.
     pub time_to_ready: HistogramVec,
+    /// `cairn_managed_resources{kind, ready}`: objects by the status of
+    /// their Ready condition (`True`, `False`, `Unknown` before the first),
+    /// counted from the caches every few seconds.
+    pub resources: IntGaugeVec,
 }
 
 impl CloudMetrics {
@@ -47,11 +58,50 @@ impl CloudMetrics {
                 .buckets(vec![1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0]),
                 &["kind"],
             )?,
+            resources: IntGaugeVec::new(
+                Opts::new(
+                    "managed_resources",
+                    "Objects of each managed kind by the status of their Ready condition.",
+                ),
+                &["kind", "ready"],
+            )?,
         };
+        registry.register(Box::new(metrics.resources.clone()))?;
         registry.register(Box::new(metrics.calls.clone()))?;
         registry.register(Box::new(metrics.drift_corrections.clone()))?;
         registry.register(Box::new(metrics.time_to_ready.clone()))?;
         Ok(metrics)
+    }
+}
+
+/// Keeps `cairn_managed_resources` current for the objects in `store`.
+pub fn count_by_ready<M: Managed>(gauge: IntGaugeVec, store: Store<M>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let kind = M::kind(&());
+        let mut every = tokio::time::interval(COUNT_INTERVAL);
+        loop {
+            every.tick().await;
+            let mut counts = BTreeMap::from([("True", 0), ("False", 0), ("Unknown", 0)]);
+            for object in store.state() {
+                *counts.entry(ready_status(&*object)).or_default() += 1;
+            }
+            for (ready, count) in counts {
+                gauge.with_label_values(&[&kind, ready]).set(count);
+            }
+        }
+    })
+}
+
+const COUNT_INTERVAL: Duration = Duration::from_secs(10);
+
+fn ready_status(object: &impl Managed) -> &'static str {
+    let ready = object
+        .cloud_status()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
+    match ready.map(|c| c.status.as_str()) {
+        Some("True") => "True",
+        Some("False") => "False",
+        _ => "Unknown",
     }
 }
 

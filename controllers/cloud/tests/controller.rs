@@ -13,17 +13,20 @@ use cairn_cloud_controller::driver::FINALIZER;
 use cairn_cloud_controller::external::OWNER_TAG;
 use cairn_cloud_controller::policy::ADOPT_ANNOTATION;
 use cairn_cloud_controller::provider_config::{CREDENTIALS_FINALIZER, IN_USE_FINALIZER};
+use cairn_testing::faults::FaultProxy;
 use cairn_testing::{Error, audit, cluster, s3, wait};
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, ValidationDirective,
+};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
 mod support;
 
 use support::{
-    CHART, Result, TIMEOUT, bucket, controller, exists, provider, record, record_values, route53,
-    until_condition,
+    CHART, Result, TIMEOUT, bucket, controller, exists, provider, provider_at, record,
+    record_values, route53, until_condition,
 };
 
 #[tokio::test]
@@ -629,5 +632,105 @@ async fn dns_records_follow_their_policies() -> Result {
             .await?
             .is_empty()
     );
+    Ok(())
+}
+
+/// ObserveOnly: a bucket made by hand is read and reported, never written
+/// (every S3 call the proxy sees is a read); one that does not exist is
+/// reported and never created; deleting the objects leaves the bucket.
+#[tokio::test]
+async fn observe_only_reads_and_never_writes() -> Result {
+    let namespace = cluster().namespace("cloud-observe").await?;
+    let proxy = FaultProxy::start(cluster().s3_endpoint()).await?;
+    let _controller = controller(&namespace).await?;
+    provider_at(&namespace, &proxy.url(), None).await?;
+    let s3 = s3::client(cluster().s3_endpoint());
+    let watched = format!("{}-watched", namespace.name);
+    let absent = format!("{}-absent", namespace.name);
+    s3.create_bucket().bucket(&watched).send().await?;
+    let buckets = namespace.api::<ObjectBucket>();
+    for (object, name) in [("watched", &watched), ("absent", &absent)] {
+        let spec = json!({
+            "bucketName": name, "managementPolicy": "ObserveOnly", "deletionPolicy": "Orphan",
+            "versioning": true, "tags": { "team": "data" },
+        });
+        buckets
+            .create(&PostParams::default(), &bucket(object, spec)?)
+            .await?;
+    }
+    let observed = until_condition(&buckets, "watched", "Ready", "True", Some("Observed")).await?;
+    assert!(
+        observed.finalizers().is_empty(),
+        "an observed bucket needs no finalizer"
+    );
+    until_condition(&buckets, "absent", "Ready", "False", Some("NotFound")).await?;
+    for object in ["watched", "absent"] {
+        buckets.delete(object, &DeleteParams::default()).await?;
+        wait::for_deletion(&buckets, object, TIMEOUT).await?;
+    }
+    assert!(exists(&watched).await?, "the observed bucket was deleted");
+    assert!(
+        !exists(&absent).await?,
+        "a bucket was created for an observe-only object"
+    );
+    let writes: Vec<String> = proxy
+        .seen()
+        .into_iter()
+        .filter(|s| s.service == "s3" && !matches!(s.method.as_str(), "GET" | "HEAD"))
+        .map(|s| format!("{} {}", s.method, s.target))
+        .collect();
+    assert!(writes.is_empty(), "observe-only wrote: {writes:?}");
+    Ok(())
+}
+
+/// A namespace uses only its own ProviderConfigs, so only its own
+/// credentials: one of another namespace is not found, and the API has no
+/// field that names another namespace's Secret.
+#[tokio::test]
+async fn credentials_of_another_namespace_cannot_be_used() -> Result {
+    let namespace = cluster().namespace("cloud-own").await?;
+    let other = cluster().namespace("cloud-other").await?;
+    let _controller = controller(&namespace).await?;
+    provider(&other).await?;
+    let buckets = namespace.api::<ObjectBucket>();
+    buckets
+        .create(&PostParams::default(), &bucket("borrowed", json!({}))?)
+        .await?;
+    let refused = until_condition(
+        &buckets,
+        "borrowed",
+        "Synced",
+        "False",
+        Some("ProviderConfigUnusable"),
+    )
+    .await?;
+    assert!(refused.finalizers().is_empty(), "nothing was made");
+
+    let resource = ApiResource::erase::<ProviderConfig>(&());
+    let configs =
+        Api::<DynamicObject>::namespaced_with(namespace.client.clone(), &namespace.name, &resource);
+    let reaching_out = json!({
+        "apiVersion": "cloud.cairn.dev/v1alpha1", "kind": "ProviderConfig",
+        "metadata": { "name": "reaching-out" },
+        "spec": {
+            "type": "aws", "region": "us-east-1",
+            "credentialsSecretRef": { "name": "moto-credentials", "namespace": other.name },
+        },
+    });
+    let refused = configs
+        .patch(
+            "reaching-out",
+            &PatchParams::apply("cairn-test").validation(ValidationDirective::Strict),
+            &Patch::Apply(&reaching_out),
+        )
+        .await;
+    match refused {
+        Err(kube::Error::Api(status)) => assert!(
+            status.message.contains("namespace"),
+            "refused for another reason: {}",
+            status.message
+        ),
+        other => panic!("a Secret of another namespace was accepted: {other:?}"),
+    }
     Ok(())
 }

@@ -1,8 +1,8 @@
 //! The cloud controller when the provider misbehaves, with a fault-injecting
 //! proxy between it and moto (`cairn_testing::faults`): a create whose
 //! response is lost, throttling, and an outage during the deletion of a
-//! namespace full of buckets. Calls are counted where the provider would
-//! see them, at the proxy.
+//! namespace full of buckets, a name taken by another account. Calls are
+//! counted where the provider would see them, at the proxy.
 
 use std::time::{Duration, Instant};
 
@@ -11,7 +11,7 @@ use cairn_cloud_controller::external::OWNER_TAG;
 use cairn_testing::faults::{Fault, FaultProxy, Rule, Seen};
 use cairn_testing::{cluster, s3, wait};
 use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
@@ -231,5 +231,53 @@ async fn a_namespace_of_buckets_is_deleted_through_an_outage() -> Result {
     for name in &names {
         assert!(!exists(name).await?, "{name} was left behind");
     }
+    Ok(())
+}
+
+/// The bucket name is taken by another account (`BucketAlreadyExists`,
+/// injected): terminal, so the controller does not call again while the
+/// spec stays as it is (watched for 20 s at the proxy), and a spec change is
+/// tried at once — no restart needed.
+#[tokio::test]
+async fn a_name_taken_elsewhere_is_terminal_until_the_spec_changes() -> Result {
+    const WATCHED: Duration = Duration::from_secs(20);
+    let namespace = cluster().namespace("cloud-taken").await?;
+    let proxy = FaultProxy::start(cluster().s3_endpoint()).await?;
+    let _controller = controller(&namespace).await?;
+    provider_at(&namespace, &proxy.url(), None).await?;
+    proxy.inject(Rule::every(Fault::Conflict, is_create_bucket));
+    let buckets = namespace.api::<ObjectBucket>();
+    buckets
+        .create(&PostParams::default(), &bucket("taken", json!({}))?)
+        .await?;
+    until_condition(&buckets, "taken", "Synced", "False", Some("InvalidRequest")).await?;
+    let creates = |proxy: &FaultProxy| proxy.seen().iter().filter(|s| is_create_bucket(s)).count();
+    // A reconcile queued before the first answer (the object's creation and
+    // the leader's start both ask for one) may still run once.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let refused = creates(&proxy);
+    tokio::time::sleep(WATCHED).await;
+    let again = creates(&proxy) - refused;
+    eprintln!(
+        "name taken: {refused} CreateBucket call(s) until 5 s after the terminal condition, \
+         {again} in the {}s after that",
+        WATCHED.as_secs()
+    );
+    assert_eq!(
+        again, 0,
+        "the controller kept calling with a spec that cannot succeed"
+    );
+
+    // The name is freed (the other account deleted it); a spec change is
+    // enough for the controller to try again and succeed.
+    proxy.heal();
+    buckets
+        .patch(
+            "taken",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "tags": { "retry": "1" } } })),
+        )
+        .await?;
+    until_condition(&buckets, "taken", "Ready", "True", Some("Available")).await?;
     Ok(())
 }

@@ -497,8 +497,10 @@ fn hash(value: &impl std::hash::Hash) -> u64 {
 
 /// The changes that carry a new generation or new annotations, and
 /// deletions (see [`Cache::trigger_on_spec_change`]).
+/// Annotations in `ignored` (a controller's own bookkeeping) wake nothing.
 fn spec_changes<K>(
     changes: impl Stream<Item = Change<K>> + Send + 'static,
+    ignored: &'static [&'static str],
 ) -> impl Stream<Item = Arc<K>> + Send + 'static
 where
     K: Resource<DynamicType = ()> + Send + Sync + 'static,
@@ -509,7 +511,13 @@ where
             Change::Applied(object) => {
                 let meta = object.meta();
                 let key = meta.uid.clone().unwrap_or_default();
-                let desired = (meta.generation, hash(&meta.annotations));
+                let requests: Vec<_> = meta
+                    .annotations
+                    .iter()
+                    .flatten()
+                    .filter(|(k, _)| !ignored.contains(&k.as_str()))
+                    .collect();
+                let desired = (meta.generation, hash(&requests));
                 let changed = seen.insert(key, desired) != Some(desired);
                 changed.then_some(object)
             }
@@ -583,6 +591,7 @@ where
     subscription: SubscriptionGate<K>,
     health: Health,
     metrics: Metrics,
+    ignored_annotations: &'static [&'static str],
 }
 
 /// What a cache saw happen to one object.
@@ -638,6 +647,7 @@ where
             },
             health,
             metrics,
+            ignored_annotations: &[],
         }
     }
 
@@ -672,7 +682,16 @@ where
     /// generation 1 would be filtered out within it; this one keys by UID and
     /// forgets on deletion.
     pub fn trigger_on_spec_change(self) -> impl Stream<Item = Arc<K>> + Send + 'static {
-        spec_changes(self.changes())
+        let ignored = self.ignored_annotations;
+        spec_changes(self.changes(), ignored)
+    }
+
+    /// Changes of these annotations (written by the controller itself, e.g.
+    /// a marker it sets and lifts) do not pass the spec-change triggers: a
+    /// controller must not wake itself with its own bookkeeping.
+    pub fn ignoring_annotations(mut self, keys: &'static [&'static str]) -> Self {
+        self.ignored_annotations = keys;
+        self
     }
 
     /// [`Cache::trigger_on_spec_change`] for two controllers: the second
@@ -685,7 +704,8 @@ where
         impl Stream<Item = Arc<K>> + Send + 'static,
     ) {
         let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
-        let first = spec_changes(self.changes()).inspect(move |object| {
+        let ignored = self.ignored_annotations;
+        let first = spec_changes(self.changes(), ignored).inspect(move |object| {
             let _ = sender.send(object.clone());
         });
         let second = futures::stream::unfold(receiver, |mut receiver| async move {
@@ -1026,11 +1046,38 @@ mod tests {
             Change::Deleted(annotated(2)),
             Change::Applied(object(2)), // forgotten: passes again
         ]);
-        let passed: Vec<i64> = spec_changes(changes)
+        let passed: Vec<i64> = spec_changes(changes, &[])
             .map(|o| o.metadata.generation.unwrap_or_default())
             .collect()
             .await;
         assert_eq!(passed, vec![1, 2, 2, 2, 2]);
+    }
+
+    #[tokio::test]
+    async fn the_controllers_own_annotations_wake_nothing() {
+        let annotated = |annotations: &[(&str, &str)]| {
+            let mut object = (*config_map("a")).clone();
+            object.metadata.uid = Some("uid-a".into());
+            object.metadata.generation = Some(1);
+            object.metadata.annotations = Some(
+                annotations
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            );
+            Arc::new(object)
+        };
+        let changes = futures::stream::iter(vec![
+            Change::Applied(annotated(&[])),
+            Change::Applied(annotated(&[("marker", "set")])), // its own: ignored
+            Change::Applied(annotated(&[])),                  // lifted: ignored
+            Change::Applied(annotated(&[("adopt", "true")])), // a request
+        ]);
+        let passed: Vec<usize> = spec_changes(changes, &["marker"])
+            .map(|o| o.metadata.annotations.as_ref().map_or(0, |a| a.len()))
+            .collect()
+            .await;
+        assert_eq!(passed, vec![0, 1]);
     }
 
     /// Each change as (applied, name).

@@ -28,6 +28,9 @@ pub enum Fault {
     Throttle,
     /// Answers 500 `InternalError` without forwarding.
     ServerError,
+    /// Answers 409 `BucketAlreadyExists` without forwarding: the name is
+    /// another account's.
+    Conflict,
     /// Closes the connection without forwarding: the provider is unreachable.
     Unreachable,
     /// Forwards the request, waits for the provider's answer, then closes
@@ -51,6 +54,15 @@ impl Rule {
             fault,
             times: None,
             matches: Arc::new(|_| true),
+        }
+    }
+
+    /// `fault` for every request `matches` accepts.
+    pub fn every(fault: Fault, matches: impl Fn(&Seen) -> bool + Send + Sync + 'static) -> Self {
+        Self {
+            fault,
+            times: None,
+            matches: Arc::new(matches),
         }
     }
 
@@ -221,8 +233,9 @@ async fn handle(
         fault
     };
     match seen.fault {
-        Some(Fault::Throttle) => Ok(error_answer(&seen.service, true)),
-        Some(Fault::ServerError) => Ok(error_answer(&seen.service, false)),
+        Some(Fault::Throttle) => Ok(error_answer(&seen.service, Fault::Throttle)),
+        Some(Fault::ServerError) => Ok(error_answer(&seen.service, Fault::ServerError)),
+        Some(Fault::Conflict) => Ok(error_answer(&seen.service, Fault::Conflict)),
         Some(Fault::Unreachable) => Err("injected: unreachable".into()),
         Some(Fault::DropResponse) => {
             forward(request, &client, &upstream).await?;
@@ -261,12 +274,13 @@ async fn forward(
     Ok(Response::from_parts(parts, Full::new(body)))
 }
 
-/// A throttling or internal-error answer in the service's error format.
-fn error_answer(service: &str, throttle: bool) -> Response<Full<Bytes>> {
-    let (status, code) = match (service, throttle) {
-        ("s3", true) => (StatusCode::SERVICE_UNAVAILABLE, "SlowDown"),
-        (_, true) => (StatusCode::BAD_REQUEST, "Throttling"),
-        (_, false) => (StatusCode::INTERNAL_SERVER_ERROR, "InternalError"),
+/// An error answer for `fault` in the service's error format.
+fn error_answer(service: &str, fault: Fault) -> Response<Full<Bytes>> {
+    let (status, code) = match (service, fault) {
+        ("s3", Fault::Throttle) => (StatusCode::SERVICE_UNAVAILABLE, "SlowDown"),
+        (_, Fault::Throttle) => (StatusCode::BAD_REQUEST, "Throttling"),
+        (_, Fault::Conflict) => (StatusCode::CONFLICT, "BucketAlreadyExists"),
+        _ => (StatusCode::INTERNAL_SERVER_ERROR, "InternalError"),
     };
     let message = "injected by the test's fault proxy";
     let body = if service == "s3" {
