@@ -25,7 +25,7 @@ use serde_json::json;
 mod support;
 
 use support::{
-    CHART, Result, TIMEOUT, bucket, controller, exists, provider, provider_at, record,
+    CHART, Result, TIMEOUT, bucket, controller, exists, hosted_zone, provider, provider_at, record,
     record_values, route53, until_condition,
 };
 
@@ -499,16 +499,7 @@ async fn dns_records_follow_their_policies() -> Result {
     let _controller = controller(&namespace).await?;
     provider(&namespace).await?;
     let route53 = route53();
-    let zone = format!("{}.cairn.test", namespace.name);
-    let zone_id = route53
-        .create_hosted_zone()
-        .name(&zone)
-        .caller_reference(&namespace.name)
-        .send()
-        .await?
-        .hosted_zone()
-        .map(|z| z.id().to_owned())
-        .ok_or("no hosted zone id")?;
+    let (zone, zone_id) = hosted_zone(&route53, &namespace).await?;
     let records = namespace.api::<DnsRecord>();
     let web = format!("web.{zone}");
 

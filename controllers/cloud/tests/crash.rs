@@ -19,8 +19,8 @@ use serde_json::json;
 mod support;
 
 use support::{
-    Result, TIMEOUT, bucket, controller_as, provider_at, record, record_values, route53,
-    until_condition,
+    Result, TIMEOUT, bucket, controller_as, hosted_zone, provider_at, record, record_values,
+    route53, until_condition,
 };
 
 const EACH: usize = 25;
@@ -37,16 +37,7 @@ async fn killed_at_any_moment_it_neither_leaks_nor_duplicates() -> Result {
     )
     .await?;
     let route53 = route53();
-    let zone = format!("{}.cairn.test", namespace.name);
-    let zone_id = route53
-        .create_hosted_zone()
-        .name(&zone)
-        .caller_reference(&namespace.name)
-        .send()
-        .await?
-        .hosted_zone()
-        .map(|z| z.id().to_owned())
-        .ok_or("no hosted zone id")?;
+    let (zone, zone_id) = hosted_zone(&route53, &namespace).await?;
 
     let buckets = namespace.api::<ObjectBucket>();
     let records = namespace.api::<DnsRecord>();

@@ -212,3 +212,21 @@ pub fn record(name: &str, spec: serde_json::Value) -> Result<DnsRecord> {
     }
     Ok(serde_json::from_value(object)?)
 }
+
+/// A hosted zone `<namespace>.cairn.test` made in moto: its domain and id.
+pub async fn hosted_zone(
+    route53: &aws_sdk_route53::Client,
+    namespace: &TestNamespace,
+) -> Result<(String, String)> {
+    let zone = format!("{}.cairn.test", namespace.name);
+    let zone_id = route53
+        .create_hosted_zone()
+        .name(&zone)
+        .caller_reference(&namespace.name)
+        .send()
+        .await?
+        .hosted_zone()
+        .map(|z| z.id().to_owned())
+        .ok_or("no hosted zone id")?;
+    Ok((zone, zone_id))
+}
