@@ -565,18 +565,14 @@ fn instance_container(cluster: &DatabaseCluster) -> Container {
         }),
         ..EnvVarSource::default()
     };
-    // Readiness is probed every second and acts on the first failure: the
-    // instance reports not ready before a planned restart and waits for the
-    // Services to stop routing to it (CAIRN_DRAIN_SECONDS). Liveness is
-    // patient: a restart of the container is a last resort.
-    let probe = |path: &str, period_seconds: i32, failure_threshold: i32| Probe {
+    let probe = |path: &str| Probe {
         http_get: Some(HTTPGetAction {
             path: Some(path.to_owned()),
             port: IntOrString::String("instance".to_owned()),
             ..HTTPGetAction::default()
         }),
-        period_seconds: Some(period_seconds),
-        failure_threshold: Some(failure_threshold),
+        period_seconds: Some(5),
+        failure_threshold: Some(3),
         ..Probe::default()
     };
     let port = |name: &str, port: i32| ContainerPort {
@@ -628,8 +624,8 @@ fn instance_container(cluster: &DatabaseCluster) -> Container {
             port("instance", INSTANCE_HTTP_PORT),
             port("metrics", INSTANCE_METRICS_PORT),
         ]),
-        readiness_probe: Some(probe("/readyz", 1, 1)),
-        liveness_probe: Some(probe("/livez", 5, 3)),
+        readiness_probe: Some(probe("/readyz")),
+        liveness_probe: Some(probe("/livez")),
         resources: cluster.spec.resources.as_ref().map(canonical_resources),
         security_context: Some(SecurityContext {
             allow_privilege_escalation: Some(false),

@@ -82,10 +82,6 @@ pub struct Config {
     /// A replica that has heard nothing from its primary for this long is not ready.
     #[arg(long, env = "CAIRN_MAX_LAG_SECONDS", default_value_t = 30)]
     pub max_lag_seconds: u64,
-    /// Before a planned restart, report not ready for this long while still
-    /// serving: the readiness probe and kube-proxy stop routing to the pod.
-    #[arg(long, env = "CAIRN_DRAIN_SECONDS", default_value_t = 3)]
-    pub drain_seconds: u64,
     /// After SIGTERM: smart shutdown (waits for sessions) this long, then fast.
     #[arg(long, env = "CAIRN_SMART_SHUTDOWN_SECONDS", default_value_t = 10)]
     pub smart_shutdown_seconds: u64,

@@ -142,7 +142,6 @@ impl Supervisor {
                     if restart.fenced {
                         self.stop_now(&mut postgres).await;
                     } else {
-                        self.withdraw_readiness().await;
                         self.stop(&mut postgres, false).await;
                         if restart.reclone.is_none() {
                             self.report_shutdown_position().await;
@@ -370,15 +369,6 @@ impl Supervisor {
         self.state.answered();
         self.state.phase(Phase::Running);
         Ok(child)
-    }
-
-    /// A planned restart: not ready first, and still serving while the
-    /// kubelet's probe and kube-proxy catch up, so that no Service sends a
-    /// new connection to a server that is stopping (a demoted primary's pod
-    /// is already labelled replica, a stuck replica's is still ready).
-    async fn withdraw_readiness(&self) {
-        self.state.phase(Phase::Stopping);
-        tokio::time::sleep(Duration::from_secs(self.config.drain_seconds)).await;
     }
 
     /// Smart shutdown (waits for sessions; skipped unless `smart`), then fast
