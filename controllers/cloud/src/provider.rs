@@ -152,37 +152,37 @@ impl Provider {
     /// A Route53 client (a global service: signed for us-east-1), through
     /// this provider's token bucket.
     pub fn route53(&self) -> aws_sdk_route53::Client {
-        let mut config = aws_sdk_route53::Config::builder()
-            .behavior_version(aws_sdk_route53::config::BehaviorVersion::latest())
-            .region(aws_sdk_route53::config::Region::new("us-east-1"))
-            .credentials_provider(self.credentials.clone())
-            .http_client(self.http.clone());
-        if let Some(calls) = &self.calls {
-            config = config.interceptor(CallCounter(calls.clone()));
-        }
-        if let Some(endpoint) = &self.endpoint {
-            config = config.endpoint_url(endpoint);
-        }
-        aws_sdk_route53::Client::from_conf(config.build())
+        plain_client!(aws_sdk_route53, self, "us-east-1".to_owned())
     }
 
     /// An STS client (the identity check), through this provider's token
     /// bucket.
     pub fn sts(&self) -> aws_sdk_sts::Client {
-        let mut config = aws_sdk_sts::Config::builder()
-            .behavior_version(aws_sdk_sts::config::BehaviorVersion::latest())
-            .region(aws_sdk_sts::config::Region::new(self.region.clone()))
-            .credentials_provider(self.credentials.clone())
-            .http_client(self.http.clone());
-        if let Some(calls) = &self.calls {
-            config = config.interceptor(CallCounter(calls.clone()));
-        }
-        if let Some(endpoint) = &self.endpoint {
-            config = config.endpoint_url(endpoint);
-        }
-        aws_sdk_sts::Client::from_conf(config.build())
+        plain_client!(aws_sdk_sts, self, self.region.clone())
     }
 }
+
+/// A client of AWS service crate `$sdk` for `$provider` in `$region`: its
+/// credentials, token bucket, call counter and endpoint. (The services'
+/// config builders are distinct types with the same methods.)
+macro_rules! plain_client {
+    ($sdk:ident, $provider:expr, $region:expr) => {{
+        let provider = $provider;
+        let mut config = $sdk::Config::builder()
+            .behavior_version($sdk::config::BehaviorVersion::latest())
+            .region($sdk::config::Region::new($region))
+            .credentials_provider(provider.credentials.clone())
+            .http_client(provider.http.clone());
+        if let Some(calls) = &provider.calls {
+            config = config.interceptor(CallCounter(calls.clone()));
+        }
+        if let Some(endpoint) = &provider.endpoint {
+            config = config.endpoint_url(endpoint);
+        }
+        $sdk::Client::from_conf(config.build())
+    }};
+}
+use plain_client;
 
 /// The SDK's HTTPS client (rustls on aws-lc, as kube's) behind a token bucket
 /// of `qps` a second and `burst` at once.
