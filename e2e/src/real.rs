@@ -6,7 +6,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use cairn_api::database::instance::{CREDENTIALS_DIR, SUPERUSER_PASSWORD_KEY};
-use cairn_api::database::v1::{DatabaseCluster, DatabaseClusterSpec, PostgresSpec, StorageSpec};
+use cairn_api::database::v1::{
+    DatabaseCluster, DatabaseClusterSpec, PostgresSpec, SWITCHOVER_ANNOTATION, StorageSpec,
+    SwitchoverRecord,
+};
 use cairn_testing::{Error, TestNamespace, cluster, wait};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
@@ -206,6 +209,48 @@ pub async fn until_psql(ns: &TestNamespace, host: &str, sql: &str, expected: &st
         },
     )
     .await
+}
+
+/// `kubectl annotate dbc <name> database.cairn.dev/switchover-to=<to>`, as
+/// the docs show: waits until a switchover to `to` requested by it (started
+/// after the annotation) completed, then removes the annotation, which
+/// would otherwise stay a lasting preference. Returns its record.
+pub async fn switch_over(ns: &TestNamespace, name: &str, to: &str) -> Result<SwitchoverRecord> {
+    let requested = k8s_openapi::jiff::Timestamp::now() - Duration::from_secs(1);
+    let annotate = format!("{SWITCHOVER_ANNOTATION}={to}");
+    cluster()
+        .kubectl(&[
+            "-n",
+            &ns.name,
+            "annotate",
+            "--overwrite",
+            "dbc",
+            name,
+            &annotate,
+        ])
+        .await?;
+    let done = wait::for_object(
+        &ns.api::<DatabaseCluster>(),
+        name,
+        &format!("the switchover to {to} completed"),
+        READY_TIMEOUT,
+        |c| {
+            c.status
+                .as_ref()
+                .and_then(|s| s.last_switchover.as_ref())
+                .is_some_and(|r| {
+                    r.to == to && r.started_at.0 >= requested && r.completed_at.is_some()
+                })
+        },
+    )
+    .await?;
+    let remove = format!("{SWITCHOVER_ANNOTATION}-");
+    cluster()
+        .kubectl(&["-n", &ns.name, "annotate", "dbc", name, &remove])
+        .await?;
+    done.status
+        .and_then(|s| s.last_switchover)
+        .ok_or_else(|| Error::Setup("no lastSwitchover".into()))
 }
 
 /// `status.currentPrimary` of DatabaseCluster `name`.

@@ -12,7 +12,6 @@ use std::time::Instant;
 
 use cairn_api::database::instance::ROLE_LABEL;
 use cairn_api::database::v1::DatabaseCluster;
-use cairn_database_controller::switchover::SWITCHOVER_ANNOTATION;
 use cairn_e2e::real::{
     READY_TIMEOUT, Write, cluster_spec, current_primary, enforce_restricted_pod_security,
     install_controller, node_of, other_real_node, psql, rows_present, start_client_on,
@@ -65,7 +64,7 @@ async fn a_stopped_primary_node_fails_over_and_the_old_primary_rejoins() -> Resu
     cluster().start_node(number)?;
     let new_primary = result?;
     // Back to the old primary, on request: no row lost, writes resume.
-    switch_over(&ns, &clusters, &old_primary).await?;
+    switch_over(&ns, &old_primary).await?;
 
     // The primary cut off from the API server alone: it fences itself
     // before a replica may be promoted, a replica takes over, and once the
@@ -129,31 +128,10 @@ async fn a_stopped_primary_node_fails_over_and_the_old_primary_rejoins() -> Resu
     Ok(())
 }
 
-/// `kubectl annotate dbc ledger database.cairn.dev/switchover-to=<to>`:
-/// waits until it completed, `-rw` reaches `to`, and writes go through; then
-/// removes the annotation, as the docs advise.
-async fn switch_over(ns: &TestNamespace, clusters: &Api<DatabaseCluster>, to: &str) -> Result {
-    let annotate = format!("{SWITCHOVER_ANNOTATION}={to}");
-    cluster()
-        .kubectl(&["-n", &ns.name, "annotate", "dbc", CLUSTER, &annotate])
-        .await?;
-    let done = wait::for_object(
-        clusters,
-        CLUSTER,
-        "the switchover completed",
-        READY_TIMEOUT,
-        |c| {
-            c.status
-                .as_ref()
-                .and_then(|s| s.last_switchover.as_ref())
-                .is_some_and(|r| r.to == to && r.completed_at.is_some())
-        },
-    )
-    .await?;
-    let record = done
-        .status
-        .and_then(|s| s.last_switchover)
-        .ok_or_else(|| Error::Setup("no lastSwitchover".into()))?;
+/// A switchover to `to` on request (`kubectl annotate`): once completed,
+/// `-rw` reaches `to` and writes go through.
+async fn switch_over(ns: &TestNamespace, to: &str) -> Result {
+    let record = cairn_e2e::real::switch_over(ns, CLUSTER, to).await?;
     eprintln!(
         "switchover: {} → {}, writes unavailable {:?} s (status)",
         record.from, record.to, record.write_unavailable_seconds
@@ -166,14 +144,7 @@ async fn switch_over(ns: &TestNamespace, clusters: &Api<DatabaseCluster>, to: &s
     )
     .await?;
     until_psql(ns, RW, "SELECT pg_is_in_recovery()", "f").await?;
-    until_acknowledged_after(ns, 20).await?;
-    // The annotation is a lasting preference: left in place, it would switch
-    // back to `to` after the partition's failover, while the rows are counted.
-    let remove = format!("{SWITCHOVER_ANNOTATION}-");
-    cluster()
-        .kubectl(&["-n", &ns.name, "annotate", "dbc", CLUSTER, &remove])
-        .await?;
-    Ok(())
+    until_acknowledged_after(ns, 20).await
 }
 
 /// With the token the kubelet gives pod `ledger-1`: its own Lease may be

@@ -318,11 +318,34 @@ async fn scale(ns: &TestNamespace, instances: i32) -> Result {
     until_ready_instances(&ns.api::<DatabaseCluster>(), instances).await
 }
 
-/// 3 → 2 → 3: the third instance leaves, comes back on its kept volume and
-/// catches up with what was written meanwhile.
+/// 3 → 2 → 3 with the primary on the pod that leaves: a switchover to an
+/// instance that stays comes first (a planned change, not a failover), then
+/// the third instance leaves, comes back on its kept volume and catches up
+/// with what was written meanwhile. The primary is put there on request
+/// first, so the test takes this path every time; that request follows the
+/// rollout's switchover, so its record replaces a finished one.
 async fn scale_down_and_up(ns: &TestNamespace) -> Result {
+    let clusters = ns.api::<DatabaseCluster>();
+    let leaving = format!("{CLUSTER}-2");
+    if cairn_e2e::real::current_primary(&clusters, CLUSTER).await? != leaving {
+        cairn_e2e::real::switch_over(ns, CLUSTER, &leaving).await?;
+    }
+    let requested = k8s_openapi::jiff::Timestamp::now() - Duration::from_secs(1);
     scale(ns, 2).await?;
-    wait::for_deletion(&ns.api::<Pod>(), &format!("{CLUSTER}-2"), READY_TIMEOUT).await?;
+    wait::for_deletion(&ns.api::<Pod>(), &leaving, READY_TIMEOUT).await?;
+    let status = clusters.get(CLUSTER).await?.status.unwrap_or_default();
+    let record = status
+        .last_switchover
+        .ok_or_else(|| Error::Setup("no switchover recorded".into()))?;
+    assert!(
+        record.from == leaving && record.started_at.0 >= requested && record.completed_at.is_some(),
+        "the scale-down switched over from {leaving}: {record:?}"
+    );
+    assert_eq!(status.last_failover, None, "a planned change failed over");
+    eprintln!(
+        "scale-down: switchover {} → {}, writes unavailable {:?} s",
+        record.from, record.to, record.write_unavailable_seconds
+    );
     psql(
         ns,
         "rw",

@@ -9,6 +9,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::common::{Condition, LocalObjectReference, Time};
 
+/// The annotation a user sets on a DatabaseCluster to the pod that should
+/// become the primary: `kubectl annotate dbc NAME database.cairn.dev/switchover-to=POD`.
+pub const SWITCHOVER_ANNOTATION: &str = "database.cairn.dev/switchover-to";
+
 /// postgresql.conf settings Cairn sets itself: replication, paths, listening
 /// and TLS depend on them, so a user value would break the cluster.
 /// PostgreSQL matches parameter names case-insensitively, and so does the rule.

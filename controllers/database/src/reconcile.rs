@@ -489,22 +489,55 @@ async fn unfence(
 
 /// Writes a decision into the status at once (a merge patch of `fields`),
 /// before acting on it: a crash in between repeats the decision, never
-/// forgets it.
+/// forgets it. Each field replaces the recorded one whole (see `replacing`).
 async fn record_decision(
     ctx: &Context,
     cluster: &DatabaseCluster,
     fields: serde_json::Value,
 ) -> Result<(), Error> {
     let namespace = cluster.namespace().unwrap_or_default();
+    let previous = serde_json::to_value(&cluster.status).map_err(kube::Error::SerdeError)?;
     let recorded = Api::<DatabaseCluster>::namespaced(ctx.client.clone(), &namespace)
         .patch_status(
             &cluster.name_any(),
             &PatchParams::default(),
-            &Patch::Merge(&json!({ "status": fields })),
+            &Patch::Merge(&json!({ "status": replacing(&previous, fields) })),
         )
         .await?;
     ctx.decisions.written(&recorded, true);
     Ok(())
+}
+
+/// A merge patch of status `fields` that replaces each of them whole. A
+/// merge patch keeps whatever an object in it does not name, and a record
+/// leaves its unset fields out: a new switchover written over a finished one
+/// would inherit its `promotedAt` and read as done before it began. So every
+/// field the previous value has and the new one lacks is set to null.
+fn replacing(previous_status: &serde_json::Value, fields: serde_json::Value) -> serde_json::Value {
+    fn replace(previous: Option<&serde_json::Value>, next: serde_json::Value) -> serde_json::Value {
+        let (Some(serde_json::Value::Object(old)), serde_json::Value::Object(mut new)) =
+            (previous, next.clone())
+        else {
+            return next;
+        };
+        for (key, value) in &mut new {
+            *value = replace(old.get(key), value.take());
+        }
+        for key in old.keys() {
+            new.entry(key.clone()).or_insert(serde_json::Value::Null);
+        }
+        serde_json::Value::Object(new)
+    }
+    match fields {
+        serde_json::Value::Object(fields) => fields
+            .into_iter()
+            .map(|(key, value)| {
+                let value = replace(previous_status.get(&key), value);
+                (key, value)
+            })
+            .collect(),
+        other => other,
+    }
 }
 
 async fn publish(
@@ -1044,6 +1077,67 @@ mod tests {
         assert!(!decisions.is_behind(&cluster("orders-1")));
         // Forgotten once seen: a later change by anyone is the truth.
         assert!(!decisions.is_behind(&cluster("orders-0")));
+    }
+
+    fn switchover(from: &str, to: &str, at: i64, promoted: bool) -> SwitchoverRecord {
+        let time = |s: i64| Time(Timestamp::from_second(s).expect("valid"));
+        SwitchoverRecord {
+            from: from.to_owned(),
+            to: to.to_owned(),
+            started_at: time(at),
+            promoted_at: promoted.then(|| time(at + 5)),
+            completed_at: promoted.then(|| time(at + 6)),
+            write_unavailable_seconds: promoted.then_some(6.0),
+        }
+    }
+
+    /// What the API server makes of a recorded decision (RFC 7386).
+    fn recorded(before: &DatabaseCluster, fields: serde_json::Value) -> DatabaseClusterStatus {
+        let previous = serde_json::to_value(&before.status).expect("serialisable");
+        let mut status = previous.clone();
+        json_patch::merge(&mut status, &replacing(&previous, fields));
+        serde_json::from_value(status).expect("a status")
+    }
+
+    #[test]
+    fn a_new_switchover_replaces_a_finished_one_whole() {
+        let mut before = cluster("orders-2");
+        let status = before.status.as_mut().expect("status");
+        status.initialized = true;
+        status.last_switchover = Some(switchover("orders-0", "orders-2", 1_700_000_000, true));
+        let started = switchover("orders-2", "orders-0", 1_700_000_100, false);
+
+        let after = recorded(&before, json!({ "lastSwitchover": started }));
+
+        assert_eq!(after.last_switchover, Some(started));
+        assert!(switchover::under_way(after.last_switchover.as_ref()).is_some());
+        assert_eq!(after.current_primary.as_deref(), Some("orders-2"));
+        assert!(after.initialized, "fields not named are kept");
+    }
+
+    #[test]
+    fn a_new_failover_is_not_completed_by_the_last_one() {
+        let time = |s: i64| Time(Timestamp::from_second(s).expect("valid"));
+        let failover = |from: &str, to: &str, at: i64, done: bool| FailoverRecord {
+            from: from.to_owned(),
+            to: to.to_owned(),
+            reason: "no heartbeat for 11 s".to_owned(),
+            primary_last_seen: time(at - 11),
+            promoted_at: time(at),
+            completed_at: done.then(|| time(at + 2)),
+        };
+        let mut before = cluster("orders-1");
+        before.status.as_mut().expect("status").last_failover =
+            Some(failover("orders-0", "orders-1", 1_700_000_000, true));
+        let next = failover("orders-1", "orders-2", 1_700_000_100, false);
+
+        let after = recorded(
+            &before,
+            json!({ "currentPrimary": "orders-2", "lastFailover": next }),
+        );
+
+        assert_eq!(after.last_failover, Some(next));
+        assert_eq!(after.current_primary.as_deref(), Some("orders-2"));
     }
 
     #[test]

@@ -6,12 +6,10 @@
 //! in `status.lastSwitchover`.
 
 use cairn_api::database::instance::{ROLE_PRIMARY, ROLE_REPLICA, parse_lsn};
+pub use cairn_api::database::v1::SWITCHOVER_ANNOTATION;
 use cairn_api::database::v1::SwitchoverRecord;
 
 use crate::failover::Member;
-
-/// The annotation a user sets to the pod that should become the primary.
-pub const SWITCHOVER_ANNOTATION: &str = "database.cairn.dev/switchover-to";
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Step {
