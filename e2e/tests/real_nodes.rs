@@ -333,12 +333,27 @@ async fn scale_down_and_up(ns: &TestNamespace) -> Result {
     let requested = k8s_openapi::jiff::Timestamp::now() - Duration::from_secs(1);
     scale(ns, 2).await?;
     wait::for_deletion(&ns.api::<Pod>(), &leaving, READY_TIMEOUT).await?;
-    let status = clusters.get(CLUSTER).await?.status.unwrap_or_default();
+    // The leaving pod may go as soon as the target is promoted, before it
+    // reports serving writes.
+    let switched = wait::for_object(
+        &clusters,
+        CLUSTER,
+        &format!("the scale-down's switchover from {leaving} completed"),
+        READY_TIMEOUT,
+        |c| {
+            c.status
+                .as_ref()
+                .and_then(|s| s.last_switchover.as_ref())
+                .is_some_and(|r| r.completed_at.is_some())
+        },
+    )
+    .await?;
+    let status = switched.status.unwrap_or_default();
     let record = status
         .last_switchover
         .ok_or_else(|| Error::Setup("no switchover recorded".into()))?;
     assert!(
-        record.from == leaving && record.started_at.0 >= requested && record.completed_at.is_some(),
+        record.from == leaving && record.started_at.0 >= requested,
         "the scale-down switched over from {leaving}: {record:?}"
     );
     assert_eq!(status.last_failover, None, "a planned change failed over");
