@@ -389,7 +389,8 @@ async fn deleted_pod_returns_with_its_data(ns: &TestNamespace) -> Result {
 /// A data folder lost under a running instance: a replica's is cloned
 /// again from the primary; the primary's is never initialised again (that
 /// would serve an empty database): a replica takes over, and the old
-/// primary is cloned from it, every row there.
+/// primary is cloned from it, every row there. That failover happens while
+/// the spec is invalid: a typo stops changes to the children, not failover.
 async fn lost_folders_are_cloned_never_initialised(ns: &TestNamespace) -> Result {
     let clusters = ns.api::<DatabaseCluster>();
     let primary = cairn_e2e::real::current_primary(&clusters, CLUSTER).await?;
@@ -406,6 +407,7 @@ async fn lost_folders_are_cloned_never_initialised(ns: &TestNamespace) -> Result
         "t"
     );
 
+    set_invalid_resources(ns, true).await?;
     lose_data_folder(ns, &primary).await?;
     wait::until("another primary", READY_TIMEOUT, || async {
         match cairn_e2e::real::current_primary(&clusters, CLUSTER).await {
@@ -418,7 +420,41 @@ async fn lost_folders_are_cloned_never_initialised(ns: &TestNamespace) -> Result
     until_psql(ns, "rw", "SELECT pg_is_in_recovery()", "f").await?;
     until_psql(ns, "rw", count, "150").await?;
     cairn_e2e::real::until_psql(ns, &on(&primary), "SELECT pg_is_in_recovery()", "t").await?;
-    cairn_e2e::real::until_psql(ns, &on(&primary), count, "150").await
+    cairn_e2e::real::until_psql(ns, &on(&primary), count, "150").await?;
+    set_invalid_resources(ns, false).await?;
+    until_ready_instances(&clusters, 3).await
+}
+
+/// Requests above limits (which the schema cannot compare), reported as
+/// `Ready=False` with reason `InvalidSpec`; or no resources again.
+async fn set_invalid_resources(ns: &TestNamespace, invalid: bool) -> Result {
+    let resources =
+        invalid.then(|| json!({ "requests": { "cpu": "2" }, "limits": { "cpu": "1" } }));
+    let clusters = ns.api::<DatabaseCluster>();
+    clusters
+        .patch(
+            CLUSTER,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "resources": resources } })),
+        )
+        .await?;
+    if invalid {
+        wait::for_object(
+            &clusters,
+            CLUSTER,
+            "Ready=False: InvalidSpec",
+            READY_TIMEOUT,
+            |c| {
+                c.status.as_ref().is_some_and(|s| {
+                    s.conditions
+                        .iter()
+                        .any(|c| c.type_ == "Ready" && c.reason == "InvalidSpec")
+                })
+            },
+        )
+        .await?;
+    }
+    Ok(())
 }
 
 /// Moves the pod's data folder away and kills its postmaster: to

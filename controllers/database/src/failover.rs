@@ -110,6 +110,22 @@ pub enum Decision {
     Wait { reason: String, recheck: Duration },
 }
 
+/// The policy to fail over by when the spec cannot be trusted (it is
+/// invalid, and its replication settings may be the invalid part): every
+/// replica of the `instances` must report, as if each commit had waited for
+/// a single replica. The most advanced of them all then holds every
+/// acknowledged commit, whatever quorum the running configuration has. The
+/// delay and the lag bound stay: the schema has checked them.
+pub fn cautious(policy: Policy, instances: usize) -> Policy {
+    Policy {
+        quorum: Some(Quorum {
+            synchronous: 1,
+            instances: u32::try_from(instances).unwrap_or(u32::MAX),
+        }),
+        ..policy
+    }
+}
+
 /// Decides for a cluster whose current primary is `primary`.
 /// `not_serving_for`: how long the controller has seen the primary heartbeat
 /// while not serving (postgres down, bootstrap refused...).
@@ -185,9 +201,9 @@ pub fn decide(
         if reporting < needed {
             return Decision::Wait {
                 reason: format!(
-                    "primary {primary} lost ({reason}); with spec.replication.synchronousReplicas \
-                     {}, {needed} replicas must report to be sure the promoted one holds every \
-                     acknowledged commit, and {reporting} do: waiting for them or the primary",
+                    "primary {primary} lost ({reason}); with commits acknowledged by {} \
+                     replica(s), {needed} replicas must report to be sure the promoted one holds \
+                     every acknowledged commit, and {reporting} do: waiting for them or the primary",
                     quorum.synchronous
                 ),
                 recheck,
@@ -482,6 +498,39 @@ mod tests {
             decide("db-0", &members, None, quorum, now()),
             Decision::Wait { .. }
         ));
+    }
+
+    #[test]
+    fn the_cautious_policy_waits_for_every_replica() {
+        // Whatever the running quorum, the most advanced of all replicas
+        // holds every acknowledged commit: all of them must report.
+        let cautious = cautious(POLICY, 3);
+        let members = [
+            member("db-0", 30, "primary", 1, "0/9"),
+            member("db-1", 1, "replica", 1, "0/8"),
+            member("db-2", 30, "replica", 1, "0/9"),
+        ];
+        let decision = decide("db-0", &members, None, cautious, now());
+        assert!(
+            matches!(&decision, Decision::Wait { reason, .. }
+                if reason.contains("2 replicas must report") && reason.contains("1 do")),
+            "{decision:?}"
+        );
+        assert_eq!(
+            promoted(&decide("db-0", &members, None, POLICY, now())),
+            Some("db-1"),
+            "the spec's asynchronous policy would not wait"
+        );
+        let members = [
+            member("db-0", 30, "primary", 1, "0/9"),
+            member("db-1", 1, "replica", 1, "0/8"),
+            member("db-2", 1, "replica", 1, "0/9"),
+        ];
+        assert_eq!(
+            promoted(&decide("db-0", &members, None, cautious, now())),
+            Some("db-2")
+        );
+        assert_eq!(cautious.delay, POLICY.delay);
     }
 
     #[test]

@@ -207,7 +207,11 @@ pub async fn reconcile(cluster: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Resu
             .map(ToString::to_string)
             .collect::<Vec<_>>()
             .join("; ");
-        write_status(&ctx, &cluster, status::invalid(&cluster, &message, &now)).await?;
+        let mut observed = status::invalid(&cluster, &message, &now);
+        if cluster.status.as_ref().is_some_and(|s| s.initialized) && !cluster.spec.paused {
+            keep_serving(&ctx, &cluster, &mut observed, &now).await?;
+        }
+        write_status(&ctx, &cluster, observed).await?;
         return Err(Error::InvalidSpec(message));
     }
     if let Some(message) = unsupported_bootstrap(&cluster) {
@@ -227,35 +231,106 @@ pub async fn reconcile(cluster: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Resu
     let renew_at = ensure_tls(&ctx, &cluster).await?;
     let stateful_set = apply_children(&ctx, &cluster).await?;
     let members = members(&ctx, &cluster);
-    let mut primary = primary(&cluster);
-    let mut last_failover = cluster
-        .status
-        .as_ref()
-        .and_then(|s| s.last_failover.clone());
-    let mut waiting = None;
     let instances = Instances::of(Some(&stateful_set));
     let pods = instance_pods(&ctx, &cluster);
-    let rolling = roll_out(&cluster, &stateful_set, &pods, &primary, &members);
+    let rolling = roll_out(&cluster, &stateful_set, &pods, &primary(&cluster), &members);
     let rollout_target = match &rolling {
         rollout::Step::SwitchOver(to) => Some(to.as_str()),
         _ => None,
     };
-    let switching =
-        switch_over(&ctx, &cluster, &mut primary, &members, rollout_target, &now).await?;
+    let policy = failover_policy(&cluster);
+    let roles = assign_roles(
+        &ctx,
+        &cluster,
+        &members,
+        &pods,
+        rollout_target,
+        policy,
+        &now,
+    )
+    .await?;
+    if let rollout::Step::Restart(pod) = &rolling
+        && roles.steady
+    {
+        restart(&ctx, &cluster, &pods, pod).await?;
+    }
+    let blocked_storage = grow_storage(&ctx, &cluster).await?;
+    let mut observed = status::observe(&cluster, instances, &roles.primary, &now);
+    observed.initialized = roles.initialized;
+    observed.postgres_version = members
+        .iter()
+        .find(|m| m.pod == roles.primary)
+        .and_then(|m| m.observed.server_version.clone())
+        .or(observed.postgres_version);
+    if let rollout::Step::Wait(why) = &rolling {
+        status::rolling_out(&mut observed, &cluster, why, &now);
+    }
+    status::failover(
+        &mut observed,
+        &cluster,
+        roles.last_failover,
+        roles.waiting,
+        &now,
+    );
+    status::switchover(&mut observed, &cluster, roles.switching, &now);
+    if let Some(class) = blocked_storage {
+        status::storage_not_expandable(&mut observed, &cluster, &class, &now);
+    }
+    write_status(&ctx, &cluster, observed).await?;
+    // Heartbeats trigger reconciles; silence does not, hence the recheck.
+    let renew_in = tls::until(renew_at, SystemTime::now());
+    Ok(Recheck::Within(if roles.initialized {
+        roles.recheck.min(renew_in)
+    } else {
+        renew_in
+    }))
+}
+
+/// Who is primary after this reconcile, and what the status says of it.
+struct Roles {
+    primary: String,
+    initialized: bool,
+    switching: Switching,
+    last_failover: Option<FailoverRecord>,
+    /// Why a lost primary is not replaced yet.
+    waiting: Option<String>,
+    recheck: Duration,
+    /// The primary serves and no switchover is under way: a rollout may
+    /// restart an instance.
+    steady: bool,
+}
+
+/// The membership step: a requested switchover's next step, else a
+/// failover if the primary is lost; then the role labels that make `-rw`
+/// and `-ro` follow. Needs only the members, the pods and the status, so it
+/// runs even while the spec is invalid.
+async fn assign_roles(
+    ctx: &Context,
+    cluster: &DatabaseCluster,
+    members: &[Member],
+    pods: &[Arc<Pod>],
+    rollout_target: Option<&str>,
+    policy: Policy,
+    now: &Time,
+) -> Result<Roles, Error> {
+    let mut primary = primary(cluster);
+    let mut last_failover = cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.last_failover.clone());
+    let switching = switch_over(ctx, cluster, &mut primary, members, rollout_target, now).await?;
     let decision = match switching.demoted {
         // Between the demotion and the promotion no primary serves, by design.
         true => Decision::Keep {
             recheck: Duration::from_secs(1),
         },
-        false => decide(&ctx, &cluster, &primary, &members, now.0),
+        false => decide(ctx, cluster, &primary, members, policy, now.0),
     };
+    let mut waiting = None;
+    let mut steady = false;
     let recheck = match decision {
         Decision::Keep { recheck } => {
-            if let rollout::Step::Restart(pod) = &rolling
-                && !switching.demoted
-            {
-                restart(&ctx, &cluster, &pods, pod).await?;
-            }
+            steady = !switching.demoted;
             recheck
         }
         Decision::Wait { reason, recheck } => {
@@ -275,24 +350,16 @@ pub async fn reconcile(cluster: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Resu
                 promoted_at: now.clone(),
                 completed_at: None,
             };
-            if promote(&ctx, &cluster, &members, &record).await? {
+            if promote(ctx, cluster, members, &record).await? {
                 primary = to;
                 last_failover = Some(record);
             }
             Duration::from_secs(1)
         }
     };
-    let initialized = is_initialized(&cluster, &primary, &members);
+    let initialized = is_initialized(cluster, &primary, members);
     let labelled_primary = (!switching.demoted).then_some(primary.as_str());
-    label_roles(&ctx, &cluster, &pods, labelled_primary, initialized).await?;
-    let blocked_storage = grow_storage(&ctx, &cluster).await?;
-    let mut observed = status::observe(&cluster, instances, &primary, &now);
-    observed.initialized = initialized;
-    observed.postgres_version = members
-        .iter()
-        .find(|m| m.pod == primary)
-        .and_then(|m| m.observed.server_version.clone())
-        .or(observed.postgres_version);
+    label_roles(ctx, cluster, pods, labelled_primary, initialized).await?;
     if let Some(record) = last_failover.as_mut()
         && record.completed_at.is_none()
         && members
@@ -305,22 +372,44 @@ pub async fn reconcile(cluster: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Resu
             .failover_seconds
             .observe(took.as_secs_f64().max(0.0));
     }
-    if let rollout::Step::Wait(why) = &rolling {
-        status::rolling_out(&mut observed, &cluster, why, &now);
-    }
-    status::failover(&mut observed, &cluster, last_failover, waiting, &now);
-    status::switchover(&mut observed, &cluster, switching, &now);
-    if let Some(class) = blocked_storage {
-        status::storage_not_expandable(&mut observed, &cluster, &class, &now);
-    }
-    write_status(&ctx, &cluster, observed).await?;
-    // Heartbeats trigger reconciles; silence does not, hence the recheck.
-    let renew_in = tls::until(renew_at, SystemTime::now());
-    Ok(Recheck::Within(if initialized {
-        recheck.min(renew_in)
-    } else {
-        renew_in
-    }))
+    Ok(Roles {
+        primary,
+        initialized,
+        switching,
+        last_failover,
+        waiting,
+        recheck,
+        steady,
+    })
+}
+
+/// An invalid spec stops every change to the children, but not failover:
+/// a typo in `resources` must not leave a cluster without a primary. The
+/// spec's replication settings may be the invalid part, so the failover
+/// policy is the cautious one (see `failover::cautious`).
+async fn keep_serving(
+    ctx: &Context,
+    cluster: &DatabaseCluster,
+    observed: &mut DatabaseClusterStatus,
+    now: &Time,
+) -> Result<(), Error> {
+    let members = members(ctx, cluster);
+    let pods = instance_pods(ctx, cluster);
+    // The instances the running configuration lists: the StatefulSet as
+    // last applied from a valid spec.
+    let instances = ctx
+        .caches
+        .stateful_sets
+        .get(&ObjectRef::new(&cluster.name_any()).within(&cluster.namespace().unwrap_or_default()))
+        .and_then(|sts| sts.spec.as_ref()?.replicas)
+        .and_then(|replicas| usize::try_from(replicas).ok())
+        .unwrap_or(members.len());
+    let policy = failover::cautious(failover_policy(cluster), instances);
+    let roles = assign_roles(ctx, cluster, &members, &pods, None, policy, now).await?;
+    observed.current_primary = Some(roles.primary);
+    status::failover(observed, cluster, roles.last_failover, roles.waiting, now);
+    observed.last_switchover = roles.switching.record;
+    Ok(())
 }
 
 /// `bootstrap.fromBackup` cannot be honoured yet: running initdb instead
@@ -373,6 +462,7 @@ fn decide(
     cluster: &DatabaseCluster,
     primary: &str,
     members: &[Member],
+    policy: Policy,
     now: Timestamp,
 ) -> Decision {
     let key = key(cluster);
@@ -402,17 +492,20 @@ fn decide(
             recheck: Duration::from_secs(10),
         };
     }
+    failover::decide(primary, members, not_serving_for, policy, now)
+}
+
+/// The failover policy the spec asks for.
+fn failover_policy(cluster: &DatabaseCluster) -> Policy {
     let spec = cluster.spec.failover.clone().unwrap_or_default();
-    let delay = Duration::from_secs(u64::try_from(spec.delay_seconds).unwrap_or(10));
-    let policy = Policy {
-        delay,
+    Policy {
+        delay: Duration::from_secs(u64::try_from(spec.delay_seconds).unwrap_or(10)),
         max_lag_bytes: spec.max_lag_bytes.and_then(|b| u64::try_from(b).ok()),
         quorum: cluster.spec.replication.as_ref().map(|r| Quorum {
             synchronous: u32::try_from(r.synchronous_replicas).unwrap_or(0),
             instances: u32::try_from(cluster.spec.instances).unwrap_or(0),
         }),
-    };
-    failover::decide(primary, members, not_serving_for, policy, now)
+    }
 }
 
 /// Deposes the old primary and records the new one, in that order, before
