@@ -24,9 +24,10 @@ use cairn_e2e::real::{
 };
 use cairn_testing::{Error, LocalCluster, TestNamespace, cluster, wait};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use kube::Api;
 use kube::api::PostParams;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 const CLUSTER: &str = "bench";
 
@@ -157,6 +158,7 @@ fn print_spread(what: &str, values: &mut [f64]) {
 /// ended.
 struct Writer {
     config: tokio_postgres::Config,
+    tls: MakeRustlsConnect,
     acknowledged: Arc<Mutex<Vec<(u64, f64, f64)>>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -180,16 +182,25 @@ impl Writer {
                 .map(|v| String::from_utf8_lossy(&v.0).into_owned())
                 .unwrap_or_default()
         };
+        let address: std::net::IpAddr = address
+            .parse()
+            .map_err(|e| Error::Setup(format!("ClusterIP {address}: {e}")))?;
+        // TLS only, verified as a client of the cluster would: the CA
+        // published in ConfigMap `<name>-ca`, the server named `<name>-rw`
+        // (its certificate's name), reached at the ClusterIP.
         let mut config = tokio_postgres::Config::new();
         config
-            .host(&address)
+            .host(format!("{CLUSTER}-rw"))
+            .hostaddr(address)
+            .ssl_mode(tokio_postgres::config::SslMode::Require)
             .port(5432)
             .user(key("username"))
             .password(key("password"))
             .dbname(key("database"))
             .connect_timeout(Duration::from_secs(3));
+        let tls = verifying(&published_ca(ns).await?)?;
         let (client, connection) = config
-            .connect(tokio_postgres::NoTls)
+            .connect(tls.clone())
             .await
             .map_err(|e| Error::Setup(format!("psql through {address}: {e}")))?;
         tokio::spawn(connection);
@@ -198,9 +209,14 @@ impl Writer {
             .await
             .map_err(|e| Error::Setup(e.to_string()))?;
         let acknowledged = Arc::new(Mutex::new(Vec::new()));
-        let task = tokio::spawn(write_forever(config.clone(), acknowledged.clone()));
+        let task = tokio::spawn(write_forever(
+            config.clone(),
+            tls.clone(),
+            acknowledged.clone(),
+        ));
         Ok(Self {
             config,
+            tls,
             acknowledged,
             task,
         })
@@ -218,7 +234,7 @@ impl Writer {
         self.task.abort();
         let (client, connection) = self
             .config
-            .connect(tokio_postgres::NoTls)
+            .connect(self.tls.clone())
             .await
             .map_err(|e| Error::Setup(e.to_string()))?;
         tokio::spawn(connection);
@@ -240,12 +256,13 @@ impl Writer {
 
 async fn write_forever(
     config: tokio_postgres::Config,
+    tls: MakeRustlsConnect,
     acknowledged: Arc<Mutex<Vec<(u64, f64, f64)>>>,
 ) {
     for id in 1u64.. {
         let started = unix_now();
         let attempt = async {
-            let (client, connection) = config.connect(tokio_postgres::NoTls).await?;
+            let (client, connection) = config.connect(tls.clone()).await?;
             tokio::spawn(connection);
             let id = i64::try_from(id).unwrap_or(i64::MAX);
             client
@@ -260,4 +277,35 @@ async fn write_forever(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The cluster's CA as published for clients (ConfigMap `<name>-ca`).
+async fn published_ca(ns: &TestNamespace) -> Result<String, Error> {
+    ns.api::<ConfigMap>()
+        .get(&format!("{CLUSTER}-ca"))
+        .await?
+        .data
+        .and_then(|d| d.get("ca.crt").cloned())
+        .ok_or_else(|| Error::Setup(format!("no ca.crt in ConfigMap {CLUSTER}-ca")))
+}
+
+/// tokio-postgres TLS that trusts only `ca` (PEM) and checks the server's
+/// certificate names the host dialled.
+fn verifying(ca: &str) -> Result<MakeRustlsConnect, Error> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let invalid = |e: &dyn std::fmt::Display| Error::Setup(format!("the cluster's CA: {e}"));
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca.as_bytes()) {
+        roots
+            .add(cert.map_err(|e| invalid(&e))?)
+            .map_err(|e| invalid(&e))?;
+    }
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| invalid(&e))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(MakeRustlsConnect::new(config))
 }
