@@ -198,7 +198,9 @@ impl Writer {
             .password(key("password"))
             .dbname(key("database"))
             .connect_timeout(Duration::from_secs(3));
-        let tls = verifying(&published_ca(ns).await?)?;
+        let ca = published_ca(ns).await?;
+        let tls = cairn_instance::tls::verifying_pem(ca.as_bytes(), &format!("{CLUSTER}-ca"))
+            .map_err(|e| Error::Setup(e.to_string()))?;
         let (client, connection) = config
             .connect(tls.clone())
             .await
@@ -287,25 +289,4 @@ async fn published_ca(ns: &TestNamespace) -> Result<String, Error> {
         .data
         .and_then(|d| d.get("ca.crt").cloned())
         .ok_or_else(|| Error::Setup(format!("no ca.crt in ConfigMap {CLUSTER}-ca")))
-}
-
-/// tokio-postgres TLS that trusts only `ca` (PEM) and checks the server's
-/// certificate names the host dialled.
-fn verifying(ca: &str) -> Result<MakeRustlsConnect, Error> {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
-    let invalid = |e: &dyn std::fmt::Display| Error::Setup(format!("the cluster's CA: {e}"));
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(ca.as_bytes()) {
-        roots
-            .add(cert.map_err(|e| invalid(&e))?)
-            .map_err(|e| invalid(&e))?;
-    }
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| invalid(&e))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    Ok(MakeRustlsConnect::new(config))
 }

@@ -397,10 +397,7 @@ async fn keep_serving(
     let pods = instance_pods(ctx, cluster);
     // The instances the running configuration lists: the StatefulSet as
     // last applied from a valid spec.
-    let instances = ctx
-        .caches
-        .stateful_sets
-        .get(&ObjectRef::new(&cluster.name_any()).within(&cluster.namespace().unwrap_or_default()))
+    let instances = cached_stateful_set(ctx, cluster)
         .and_then(|sts| sts.spec.as_ref()?.replicas)
         .and_then(|replicas| usize::try_from(replicas).ok())
         .unwrap_or(members.len());
@@ -824,6 +821,14 @@ pub fn primary(cluster: &DatabaseCluster) -> String {
         .unwrap_or_else(|| format!("{}-0", cluster.name_any()))
 }
 
+/// The cluster's StatefulSet as the cache holds it.
+fn cached_stateful_set(ctx: &Context, cluster: &DatabaseCluster) -> Option<Arc<StatefulSet>> {
+    let namespace = cluster.namespace().unwrap_or_default();
+    ctx.caches
+        .stateful_sets
+        .get(&ObjectRef::new(&cluster.name_any()).within(&namespace))
+}
+
 /// Applies every child that differs from its cached copy; returns the
 /// StatefulSet as the API server last reported it.
 async fn apply_children(ctx: &Context, cluster: &DatabaseCluster) -> Result<StatefulSet, Error> {
@@ -864,10 +869,7 @@ async fn apply_children(ctx: &Context, cluster: &DatabaseCluster) -> Result<Stat
     for lease in build::member_leases(cluster) {
         apply_child(ctx, cluster, &caches.leases, lease).await?;
     }
-    let namespace = cluster.namespace().unwrap_or_default();
-    let existing = caches
-        .stateful_sets
-        .get(&ObjectRef::new(&cluster.name_any()).within(&namespace));
+    let existing = cached_stateful_set(ctx, cluster);
     let desired = build::stateful_set(
         cluster,
         existing.as_deref().and_then(build::claim_templates),

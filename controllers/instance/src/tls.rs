@@ -115,9 +115,15 @@ impl Tls {
 /// TLS for tokio-postgres that trusts only the CAs in `path` (PEM) and
 /// checks that the server's certificate names the host dialled.
 pub fn verifying(path: &Path) -> Result<MakeRustlsConnect, Error> {
+    let pem = std::fs::read(path).context(|| path.display().to_string())?;
+    verifying_pem(&pem, &path.display().to_string())
+}
+
+/// The same for CAs held in memory (`source` names them in errors).
+pub fn verifying_pem(pem: &[u8], source: &str) -> Result<MakeRustlsConnect, Error> {
     let mut roots = rustls::RootCertStore::empty();
-    let invalid = |e: &dyn std::fmt::Display| Error::Setup(format!("{}: {e}", path.display()));
-    for cert in CertificateDer::pem_file_iter(path).map_err(|e| invalid(&e))? {
+    let invalid = |e: &dyn std::fmt::Display| Error::Setup(format!("{source}: {e}"));
+    for cert in CertificateDer::pem_slice_iter(pem) {
         let cert = cert.map_err(|e| invalid(&e))?;
         roots.add(cert).map_err(|e| invalid(&e))?;
     }
