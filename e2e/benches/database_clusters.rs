@@ -8,7 +8,7 @@
 //!
 //! With `churn TOTAL`, it creates and deletes TOTAL clusters in batches of
 //! 200 (each batch Ready, then deleted, then every child collected and gone
-//! from the controller's caches) and prints the controller's RSS after a
+//! from the controller's caches) and prints the controller's settled RSS after a
 //! warm-up batch, after each batch and after the churn:
 //!
 //!   hack/bench.sh churn 2000
@@ -223,7 +223,7 @@ async fn churn(total: usize) -> Result<(), Error> {
     // A first batch brings the caches and the allocator to working size.
     churn_batch(&clusters, &namespace.name, 0..CHURN_BATCH, started).await?;
     until_caches_hold(&controller, empty).await?;
-    let before = rss_kib(&controller, "VmRSS:");
+    let before = settled_rss_kib(&controller).await;
     let mib = |kib: Option<u64>| {
         kib.map_or("unknown".to_owned(), |k| {
             format!("{:.1} MiB", k as f64 / 1024.0)
@@ -245,7 +245,7 @@ async fn churn(total: usize) -> Result<(), Error> {
         );
         next = end;
     }
-    let after = rss_kib(&controller, "VmRSS:");
+    let after = settled_rss_kib(&controller).await;
     println!("\n## {total} DatabaseClusters created and deleted, {CHURN_BATCH} at a time\n");
     println!("| figure | value |\n|---|---|");
     println!(
@@ -267,6 +267,24 @@ async fn churn(total: usize) -> Result<(), Error> {
     println!("| duration | {:.0} s |", started.elapsed().as_secs_f64());
     drop(controller);
     Ok(())
+}
+
+/// The controller's RSS once the allocator has returned what it frees:
+/// jemalloc purges freed pages after a decay time (10 s), so a figure read
+/// the moment the caches empty still holds the last batch's pages. Sampled
+/// every second until ten samples in a row stay within 1 MiB (at most 60 s).
+async fn settled_rss_kib(controller: &ControllerProcess) -> Option<u64> {
+    let mut samples: Vec<u64> = Vec::new();
+    for _ in 0..60 {
+        samples.push(rss_kib(controller, "VmRSS:")?);
+        let last = &samples[samples.len().saturating_sub(10)..];
+        let spread = last.iter().max()? - last.iter().min()?;
+        if last.len() == 10 && spread <= 1024 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    samples.last().copied()
 }
 
 /// The objects in the controller's caches, from its metrics.

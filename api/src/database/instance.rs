@@ -58,6 +58,12 @@ pub const CREDENTIALS_DIR: &str = "/etc/cairn/credentials";
 /// The server certificate Secret (`tls.crt`, `tls.key`, `ca.crt`): the
 /// certificate postgres serves, and the CA replicas verify their primary with.
 pub const TLS_DIR: &str = "/etc/cairn/tls";
+/// The backup destination's credentials Secret (`AWS_ACCESS_KEY_ID`,
+/// `AWS_SECRET_ACCESS_KEY`), when the cluster has a backup destination.
+pub const BACKUP_CREDENTIALS_DIR: &str = "/etc/cairn/backup-credentials";
+/// The socket in RUN_DIR on which the instance takes `archive_command`'s
+/// requests.
+pub const WAL_ARCHIVE_SOCKET: &str = "wal-archive.sock";
 /// Outside a pod (process-level tests), the assigned role is read from a file.
 pub const ROLE_FILE: &str = "/etc/cairn/podinfo/role";
 /// Sockets and the instance's password file (an emptyDir).

@@ -13,9 +13,7 @@ use aws_sdk_s3::types::{
     ServerSideEncryption, ServerSideEncryptionByDefault, ServerSideEncryptionConfiguration,
     ServerSideEncryptionRule, Tag, Tagging, VersioningConfiguration,
 };
-use cairn_api::cloud::v1alpha1::{
-    CloudStatus, DeletionPolicy, Encryption, ManagementPolicy, ObjectBucket, ObjectBucketSpec,
-};
+use cairn_api::cloud::v1alpha1::{CloudStatus, Encryption, ObjectBucket, ObjectBucketSpec};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
@@ -513,18 +511,6 @@ impl Managed for ObjectBucket {
         &self.spec
     }
 
-    fn provider_config(&self) -> &str {
-        &self.spec.provider_config_ref.name
-    }
-
-    fn deletion_policy(&self) -> DeletionPolicy {
-        self.spec.deletion_policy
-    }
-
-    fn management_policy(&self) -> ManagementPolicy {
-        self.spec.management_policy
-    }
-
     fn derived_name(&self) -> String {
         bucket_name(
             &self.spec,
@@ -606,7 +592,7 @@ fn built(error: aws_sdk_s3::error::BuildError) -> CloudError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cairn_api::cloud::v1alpha1::Lifecycle;
+    use cairn_api::cloud::v1alpha1::{DeletionPolicy, Lifecycle, ManagementPolicy};
     use cairn_api::common::LocalObjectReference;
 
     fn spec() -> ObjectBucketSpec {

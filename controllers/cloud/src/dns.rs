@@ -8,9 +8,7 @@ use aws_sdk_route53::Client;
 use aws_sdk_route53::types::{
     Change, ChangeAction, ChangeBatch, ResourceRecord, ResourceRecordSet, RrType,
 };
-use cairn_api::cloud::v1alpha1::{
-    CloudStatus, DeletionPolicy, DnsRecord, DnsRecordSpec, ManagementPolicy, RecordType,
-};
+use cairn_api::cloud::v1alpha1::{CloudStatus, DnsRecord, DnsRecordSpec, RecordType};
 use std::collections::BTreeMap;
 
 use crate::driver::Managed;
@@ -330,18 +328,6 @@ impl Managed for DnsRecord {
         &self.spec
     }
 
-    fn provider_config(&self) -> &str {
-        &self.spec.provider_config_ref.name
-    }
-
-    fn deletion_policy(&self) -> DeletionPolicy {
-        self.spec.deletion_policy
-    }
-
-    fn management_policy(&self) -> ManagementPolicy {
-        self.spec.management_policy
-    }
-
     fn derived_name(&self) -> String {
         record_id(&self.spec)
     }
@@ -361,6 +347,7 @@ impl Managed for DnsRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cairn_api::cloud::v1alpha1::{DeletionPolicy, ManagementPolicy};
     use cairn_api::common::LocalObjectReference;
 
     fn spec(name: &str, type_: RecordType, values: &[&str]) -> DnsRecordSpec {

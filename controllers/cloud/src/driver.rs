@@ -53,12 +53,18 @@ pub trait Managed:
     + Sync
     + 'static
 {
-    type External: External + Send + Sync;
+    type External: External<Spec: PolicySpec> + Send + Sync;
 
     fn desired(&self) -> &<Self::External as External>::Spec;
-    fn provider_config(&self) -> &str;
-    fn deletion_policy(&self) -> DeletionPolicy;
-    fn management_policy(&self) -> ManagementPolicy;
+    fn provider_config(&self) -> &str {
+        self.desired().provider_config()
+    }
+    fn deletion_policy(&self) -> DeletionPolicy {
+        self.desired().deletion_policy()
+    }
+    fn management_policy(&self) -> ManagementPolicy {
+        self.desired().management_policy()
+    }
     /// The external name when none is recorded yet (deterministic).
     fn derived_name(&self) -> String;
     fn cloud_status(&self) -> Option<&CloudStatus>;
@@ -73,6 +79,35 @@ pub trait Managed:
         None
     }
 }
+
+/// What the spec of every managed kind says beside its resource: the
+/// ProviderConfig and the two policies.
+pub trait PolicySpec {
+    fn provider_config(&self) -> &str;
+    fn deletion_policy(&self) -> DeletionPolicy;
+    fn management_policy(&self) -> ManagementPolicy;
+}
+
+/// The managed kinds' specs share these fields by name.
+macro_rules! policy_spec {
+    ($($spec:ty),*) => {$(
+        impl PolicySpec for $spec {
+            fn provider_config(&self) -> &str {
+                &self.provider_config_ref.name
+            }
+            fn deletion_policy(&self) -> DeletionPolicy {
+                self.deletion_policy
+            }
+            fn management_policy(&self) -> ManagementPolicy {
+                self.management_policy
+            }
+        }
+    )*};
+}
+policy_spec!(
+    cairn_api::cloud::v1alpha1::ObjectBucketSpec,
+    cairn_api::cloud::v1alpha1::DnsRecordSpec
+);
 
 /// Why a reconcile failed.
 #[derive(Debug, thiserror::Error)]

@@ -9,9 +9,7 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use aws_credential_types::Credentials;
-use aws_sdk_s3::config::{
-    BehaviorVersion, Region, RequestChecksumCalculation, ResponseChecksumValidation,
-};
+use aws_sdk_s3::config::{BehaviorVersion, Region};
 use aws_smithy_http_client::tls::{Provider as Tls, rustls_provider::CryptoMode};
 use aws_smithy_runtime_api::client::http::{
     HttpClient, HttpConnector, HttpConnectorFuture, HttpConnectorSettings, SharedHttpClient,
@@ -27,8 +25,7 @@ use prometheus::IntCounterVec;
 use crate::metrics::CallCounter;
 
 /// The keys of the credentials Secret.
-pub const ACCESS_KEY_ID: &str = "AWS_ACCESS_KEY_ID";
-pub const SECRET_ACCESS_KEY: &str = "AWS_SECRET_ACCESS_KEY";
+pub use cairn_storage::s3::{ACCESS_KEY_ID, SECRET_ACCESS_KEY};
 
 /// Rate when `spec.rateLimit` is unset.
 const DEFAULT_QPS: u32 = 10;
@@ -137,14 +134,7 @@ impl Provider {
             config = config.interceptor(CallCounter(calls.clone()));
         }
         if let Some(endpoint) = &self.endpoint {
-            // S3-compatible services: one host (no DNS name per bucket), and
-            // checksums only where S3 requires them (several services reject
-            // the SDK's default CRC headers).
-            config = config
-                .endpoint_url(endpoint)
-                .force_path_style(true)
-                .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
-                .response_checksum_validation(ResponseChecksumValidation::WhenRequired);
+            config = cairn_storage::s3::s3_compatible(config, endpoint);
         }
         aws_sdk_s3::Client::from_conf(config.build())
     }

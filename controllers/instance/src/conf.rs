@@ -16,6 +16,8 @@ pub struct InstanceSettings<'a> {
     /// The certificate and key postgres serves (TLS is always on).
     pub ssl_cert_file: &'a Path,
     pub ssl_key_file: &'a Path,
+    /// The command that hands WAL to the instance, when WAL is archived.
+    pub archive_command: Option<String>,
 }
 
 /// `postgresql.conf` in the data folder: the controller's file, then the
@@ -54,6 +56,10 @@ pub fn postgresql_conf(controller_conf: &str, settings: &InstanceSettings) -> St
         "primary_slot_name",
         settings.primary_slot_name.as_deref().unwrap_or(""),
     );
+    if let Some(command) = &settings.archive_command {
+        set("archive_mode", "on");
+        set("archive_command", command);
+    }
     conf
 }
 
@@ -140,6 +146,7 @@ mod tests {
             primary_slot_name: None,
             ssl_cert_file: Path::new("/run/pg/tls/tls.crt"),
             ssl_key_file: Path::new("/run/pg/tls/tls.key"),
+            archive_command: None,
         }
     }
 

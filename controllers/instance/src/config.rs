@@ -91,6 +91,25 @@ pub struct Config {
     /// How often the server, the role file and the configuration are read.
     #[arg(long, env = "CAIRN_POLL_MILLISECONDS", default_value_t = 1000)]
     pub poll_milliseconds: u64,
+    /// The backup destination's bucket: WAL is archived there when set.
+    #[arg(long, env = "CAIRN_BACKUP_BUCKET")]
+    pub backup_bucket: Option<String>,
+    /// The S3 API's URL; AWS's regional endpoint when unset.
+    #[arg(long, env = "CAIRN_BACKUP_ENDPOINT")]
+    pub backup_endpoint: Option<String>,
+    #[arg(long, env = "CAIRN_BACKUP_REGION")]
+    pub backup_region: Option<String>,
+    /// Key prefix of the cluster's folder in the bucket.
+    #[arg(long, env = "CAIRN_BACKUP_PREFIX", default_value = "")]
+    pub backup_prefix: String,
+    /// `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY`, one file each (read
+    /// at start, never logged).
+    #[arg(long, env = "CAIRN_BACKUP_CREDENTIALS_DIR", default_value = contract::BACKUP_CREDENTIALS_DIR)]
+    pub backup_credentials_dir: PathBuf,
+    /// WAL files uploaded at once: the one PostgreSQL asks for and those
+    /// ready after it.
+    #[arg(long, env = "CAIRN_WAL_ARCHIVE_PARALLEL", default_value_t = 4)]
+    pub wal_archive_parallel: usize,
     #[arg(long, env = "CAIRN_LOG_FORMAT", value_enum, default_value = "json")]
     pub log_format: LogFormat,
     #[arg(long, env = "CAIRN_LOG_LEVEL", default_value = "info")]
@@ -114,6 +133,32 @@ impl Config {
         std::fs::read_to_string(&path)
             .map(|s| s.trim_end_matches(['\n', '\r']).to_owned())
             .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+    }
+
+    /// Where WAL is archived, if the cluster has a backup destination.
+    pub fn backup_destination(&self) -> std::io::Result<Option<cairn_storage::S3Settings>> {
+        let Some(bucket) = &self.backup_bucket else {
+            return Ok(None);
+        };
+        let read = |key: &str| {
+            let path = self.backup_credentials_dir.join(key);
+            std::fs::read_to_string(&path)
+                .map(|s| s.trim().to_owned())
+                .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+        };
+        Ok(Some(cairn_storage::S3Settings {
+            endpoint: self.backup_endpoint.clone(),
+            bucket: bucket.clone(),
+            region: self.backup_region.clone(),
+            prefix: self.backup_prefix.clone(),
+            access_key_id: read(cairn_storage::s3::ACCESS_KEY_ID)?,
+            secret_access_key: read(cairn_storage::s3::SECRET_ACCESS_KEY)?,
+        }))
+    }
+
+    /// The socket `archive_command` hands WAL files to.
+    pub fn wal_archive_socket(&self) -> PathBuf {
+        self.run_dir.join(contract::WAL_ARCHIVE_SOCKET)
     }
 
     /// The path of a PostgreSQL program.

@@ -4,6 +4,7 @@
 //! gives it (its role, from its pod), and renews its membership Lease with
 //! what it observes.
 
+pub mod archive;
 pub mod children;
 pub mod conf;
 pub mod config;

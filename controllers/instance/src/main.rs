@@ -2,6 +2,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::path::PathBuf;
+
+use cairn_instance::archive::{self, Archiver};
 use cairn_instance::children::Children;
 use cairn_instance::config::Config;
 use cairn_instance::membership::{self, Assignment, Heartbeat};
@@ -18,8 +21,43 @@ use tokio::sync::watch;
 /// Why the instance could not start or keep serving.
 type StartError = Box<dyn std::error::Error>;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+/// `archive_command`'s client: `wal-archive --socket <socket> <file>`.
+#[derive(Parser)]
+struct WalArchive {
+    #[arg(long)]
+    socket: PathBuf,
+    /// PostgreSQL's `%p`.
+    file: PathBuf,
+}
+
+fn main() -> ExitCode {
+    // The client PostgreSQL runs for each WAL file: no runtime, no telemetry.
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == "wal-archive")
+    {
+        let args = WalArchive::parse_from(std::env::args_os().skip(1));
+        return match archive::request(&args.socket, &args.file) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(message) => {
+                eprintln!("cairn-instance wal-archive: {message}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime.block_on(instance()),
+        Err(e) => {
+            eprintln!("cairn-instance: no runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn instance() -> ExitCode {
     let config = Config::parse();
     let telemetry = match cairn_runtime::telemetry::init(
         "cairn-instance",
@@ -56,10 +94,27 @@ async fn run(config: Config) -> Result<(), StartError> {
     let health = server::health_router(state.clone(), live_limit);
     let metrics = server::metrics_router(state.clone());
     let (http, metrics_address) = (config.http_address, config.metrics_address);
+    let archiver = wal_archiver(&config, &state)?;
+    let socket = config.wal_archive_socket();
+    let archiving = async {
+        match archiver {
+            Some(archiver) => archiver.serve(socket).await.map_err(|e| e.to_string()),
+            None => std::future::pending().await,
+        }
+    };
     let listeners = async {
         tokio::try_join!(
-            server::serve(http, health),
-            server::serve(metrics_address, metrics)
+            async {
+                server::serve(http, health)
+                    .await
+                    .map_err(|e| format!("HTTP listener: {e}"))
+            },
+            async {
+                server::serve(metrics_address, metrics)
+                    .await
+                    .map_err(|e| format!("metrics listener: {e}"))
+            },
+            archiving
         )
     };
     let (done, finished) = watch::channel(false);
@@ -74,7 +129,7 @@ async fn run(config: Config) -> Result<(), StartError> {
     tracing::info!(version = env!("CARGO_PKG_VERSION"), %http, metrics = %metrics_address, "cairn-instance starting");
     let supervisor = Supervisor::new(config, children, state, assigned, heartbeat);
     tokio::select! {
-        served = listeners => return served.map(|_| ()).map_err(|e| format!("HTTP listener: {e}").into()),
+        served = listeners => return served.map(|_| ()).map_err(Into::into),
         () = supervisor.run(shutdown) => {}
     }
     // The Lease's last write says what is true now: stopped, not ready.
@@ -83,6 +138,26 @@ async fn run(config: Config) -> Result<(), StartError> {
         let _ = tokio::time::timeout(Duration::from_secs(5), renewer).await;
     }
     Ok(())
+}
+
+/// The WAL archiver, when the cluster has a backup destination.
+fn wal_archiver(config: &Config, state: &Arc<State>) -> Result<Option<Arc<Archiver>>, StartError> {
+    let Some(settings) = config
+        .backup_destination()
+        .map_err(|e| format!("backup destination credentials: {e}"))?
+    else {
+        return Ok(None);
+    };
+    let cluster = config
+        .cluster
+        .as_deref()
+        .ok_or("a backup destination needs the cluster's name (CAIRN_CLUSTER)")?;
+    Ok(Some(Arc::new(Archiver::new(
+        cairn_storage::WalArchive::new(&settings, cluster),
+        &config.data_dir,
+        config.wal_archive_parallel,
+        state.clone(),
+    ))))
 }
 
 /// In a pod: the pod watch (the role) and the Lease renewal (the heartbeat).

@@ -21,6 +21,11 @@ pub struct Metrics {
     pub reclones: IntCounter,
     pub volume_free: IntGauge,
     pub volume_size: IntGauge,
+    pub archive_pending: IntGauge,
+    pub archived: IntCounter,
+    pub archive_failures: IntCounter,
+    pub archive_last_success: Gauge,
+    pub archive_last_failure: Gauge,
 }
 
 impl Metrics {
@@ -85,6 +90,26 @@ impl Metrics {
                 "data_volume_size_bytes",
                 "Size of the filesystem of the data folder",
             ))?,
+            archive_pending: IntGauge::with_opts(name(
+                "wal_archive_pending_files",
+                "WAL files PostgreSQL has marked ready that are not archived yet",
+            ))?,
+            archived: IntCounter::with_opts(name(
+                "wal_archived_files_total",
+                "WAL files stored in the backup destination",
+            ))?,
+            archive_failures: IntCounter::with_opts(name(
+                "wal_archive_failures_total",
+                "Failed attempts to store a WAL file in the backup destination",
+            ))?,
+            archive_last_success: Gauge::with_opts(name(
+                "wal_archive_last_success_timestamp_seconds",
+                "When a WAL file was last stored (0: never since the instance started)",
+            ))?,
+            archive_last_failure: Gauge::with_opts(name(
+                "wal_archive_last_failure_timestamp_seconds",
+                "When storing a WAL file last failed (0: never since the instance started)",
+            ))?,
             registry,
         };
         let r = &metrics.registry;
@@ -103,6 +128,11 @@ impl Metrics {
         r.register(Box::new(metrics.reclones.clone()))?;
         r.register(Box::new(metrics.volume_free.clone()))?;
         r.register(Box::new(metrics.volume_size.clone()))?;
+        r.register(Box::new(metrics.archive_pending.clone()))?;
+        r.register(Box::new(metrics.archived.clone()))?;
+        r.register(Box::new(metrics.archive_failures.clone()))?;
+        r.register(Box::new(metrics.archive_last_success.clone()))?;
+        r.register(Box::new(metrics.archive_last_failure.clone()))?;
         Ok(metrics)
     }
 

@@ -305,6 +305,18 @@ impl Supervisor {
         }
     }
 
+    /// `archive_command` when the cluster has a backup destination: this
+    /// program as a client of the archiver in this process.
+    fn archive_command(&self) -> Option<String> {
+        self.config.backup_bucket.as_ref()?;
+        let program = std::env::current_exe().ok()?;
+        Some(format!(
+            "{} wal-archive --socket {} %p",
+            program.display(),
+            self.config.wal_archive_socket().display()
+        ))
+    }
+
     /// postgresql.conf in the data folder: the controller's, then this instance's.
     fn write_conf(&self, role: Role) -> Result<(), Error> {
         let source = self.config.config_dir.join("postgresql.conf");
@@ -334,6 +346,7 @@ impl Supervisor {
                 primary_slot_name,
                 ssl_cert_file: &self.tls.cert_file(),
                 ssl_key_file: &self.tls.key_file(),
+                archive_command: self.archive_command(),
             },
         );
         write_atomically(&self.config.data_dir.join("postgresql.conf"), &text, 0o600)

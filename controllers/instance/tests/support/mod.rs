@@ -193,6 +193,37 @@ impl Fixture {
         })
     }
 
+    /// `spec` archiving WAL to `bucket` at `endpoint` (moto's test
+    /// credentials), as cluster `orders`.
+    pub fn archiving_to(
+        &self,
+        mut spec: InstanceSpec,
+        endpoint: &str,
+        bucket: &str,
+    ) -> Result<InstanceSpec> {
+        let credentials = spec.dir.join("backup-credentials");
+        let keys = [
+            ("AWS_ACCESS_KEY_ID", "testing"),
+            ("AWS_SECRET_ACCESS_KEY", "testing"),
+        ];
+        self.write_credentials(
+            &credentials,
+            &keys
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )?;
+        spec = spec
+            .env("CAIRN_CLUSTER", "orders")
+            .env("CAIRN_BACKUP_BUCKET", bucket)
+            .env("CAIRN_BACKUP_ENDPOINT", endpoint)
+            .env(
+                "CAIRN_BACKUP_CREDENTIALS_DIR",
+                &credentials.display().to_string(),
+            );
+        Ok(spec)
+    }
+
     /// Changes an instance's assigned role, as the kubelet updates the
     /// Downward API file when the controller relabels the pod.
     pub fn assign(&self, spec: &InstanceSpec, role: &str) -> Result {

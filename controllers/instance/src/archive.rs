@@ -1,0 +1,228 @@
+//! Continuous WAL archiving. PostgreSQL's `archive_command` is a thin client
+//! (`cairn-instance wal-archive <file>`) that hands the file to this
+//! long-lived process over a local socket and succeeds only once the file is
+//! stored in the bucket. While it waits, the archiver uploads the next files
+//! PostgreSQL has marked ready, so the following requests are answered at
+//! once: archiving keeps up with a busy primary without a process and a
+//! connection per segment doing all the work.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use cairn_storage::{Stored, WalArchive, WalName};
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+
+use crate::error::{Context, Error};
+use crate::state::State;
+
+/// The outcome of one upload, shared by everyone waiting for it.
+type Upload = Shared<BoxFuture<'static, Result<(), String>>>;
+
+/// How long the client waits for an answer before PostgreSQL retries.
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(300);
+/// How often the backlog metric is refreshed without requests.
+const BACKLOG_INTERVAL: Duration = Duration::from_secs(5);
+
+pub struct Archiver {
+    archive: WalArchive,
+    /// `pg_wal` of the data folder.
+    wal_dir: PathBuf,
+    parallel: usize,
+    state: Arc<State>,
+    /// Uploads running or done but not yet asked for; at most `parallel`.
+    uploads: Mutex<HashMap<String, Upload>>,
+}
+
+impl Archiver {
+    pub fn new(archive: WalArchive, data_dir: &Path, parallel: usize, state: Arc<State>) -> Self {
+        Self {
+            archive,
+            wal_dir: data_dir.join("pg_wal"),
+            parallel: parallel.max(1),
+            state,
+            uploads: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Takes requests on `socket` until the process ends.
+    pub async fn serve(self: Arc<Self>, socket: PathBuf) -> Result<(), Error> {
+        // A socket left by a previous run of this pod.
+        let _ = std::fs::remove_file(&socket);
+        let listener =
+            UnixListener::bind(&socket).context(|| format!("binding {}", socket.display()))?;
+        std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
+            .context(|| format!("restricting {}", socket.display()))?;
+        tracing::info!(destination = %self.archive.location(), "archiving WAL");
+        let backlog = {
+            let archiver = self.clone();
+            async move {
+                loop {
+                    archiver.count_backlog();
+                    tokio::time::sleep(BACKLOG_INTERVAL).await;
+                }
+            }
+        };
+        tokio::spawn(backlog);
+        loop {
+            let (stream, _) = listener
+                .accept()
+                .await
+                .context(|| format!("accepting on {}", socket.display()))?;
+            tokio::spawn(self.clone().answer(stream));
+        }
+    }
+
+    async fn answer(self: Arc<Self>, stream: UnixStream) {
+        let (read, mut write) = stream.into_split();
+        let mut line = String::new();
+        if tokio::io::BufReader::new(read)
+            .read_line(&mut line)
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let reply = match line.trim_end().strip_prefix("archive ") {
+            Some(file) => match WalName::parse(file) {
+                Ok(name) => match self.archive(name).await {
+                    Ok(()) => "ok\n".to_owned(),
+                    Err(message) => format!("error {message}\n"),
+                },
+                Err(e) => format!("error {e}\n"),
+            },
+            None => "error unknown request\n".to_owned(),
+        };
+        let _ = write.write_all(reply.as_bytes()).await;
+    }
+
+    /// Stores `name`, and starts uploading the files ready after it.
+    pub async fn archive(&self, name: WalName) -> Result<(), String> {
+        let upload = {
+            let mut uploads = self.uploads.lock().unwrap_or_else(PoisonError::into_inner);
+            let upload = match uploads.get(name.as_str()) {
+                // A failed upload ahead of the request is tried again now.
+                Some(upload) if !matches!(upload.peek(), Some(Err(_))) => upload.clone(),
+                _ => self.start(&mut uploads, name.clone()),
+            };
+            self.look_ahead(&mut uploads);
+            upload
+        };
+        let outcome = upload.await;
+        self.uploads
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(name.as_str());
+        outcome
+    }
+
+    fn start(&self, uploads: &mut HashMap<String, Upload>, name: WalName) -> Upload {
+        let archive = self.archive.clone();
+        let path = self.wal_dir.join(name.as_str());
+        let state = self.state.clone();
+        let key = name.to_string();
+        let upload = async move {
+            let started = std::time::Instant::now();
+            match archive.put(&name, &path).await {
+                Ok(stored) => {
+                    let metrics = &state.metrics;
+                    metrics.archived.inc();
+                    metrics.archive_last_success.set(now());
+                    if let Stored::Uploaded { bytes, compressed } = stored {
+                        tracing::debug!(file = %name, bytes, compressed, seconds = started.elapsed().as_secs_f64(), "WAL archived");
+                    }
+                    Ok(())
+                }
+                Err(e) => {
+                    state.metrics.archive_failures.inc();
+                    state.metrics.archive_last_failure.set(now());
+                    tracing::warn!(file = %name, reason = e.reason(), "WAL archiving failed: {e}");
+                    Err(e.to_string())
+                }
+            }
+        }
+        .boxed()
+        .shared();
+        uploads.insert(key, upload.clone());
+        // Runs whether or not anyone waits for it.
+        tokio::spawn(upload.clone());
+        upload
+    }
+
+    /// Starts uploads of the oldest ready files, up to `parallel` in all.
+    fn look_ahead(&self, uploads: &mut HashMap<String, Upload>) {
+        let ready = self.ready_files();
+        self.state.metrics.archive_pending.set(ready.len() as i64);
+        for name in ready {
+            if uploads.len() >= self.parallel {
+                break;
+            }
+            if !uploads.contains_key(name.as_str()) {
+                // Spawned: it runs without a waiter.
+                drop(self.start(uploads, name));
+            }
+        }
+    }
+
+    fn count_backlog(&self) {
+        self.state
+            .metrics
+            .archive_pending
+            .set(self.ready_files().len() as i64);
+    }
+
+    /// Files PostgreSQL has marked ready to archive, oldest first.
+    fn ready_files(&self) -> Vec<WalName> {
+        let Ok(entries) = std::fs::read_dir(self.wal_dir.join("archive_status")) else {
+            return Vec::new();
+        };
+        let mut ready: Vec<WalName> = entries
+            .filter_map(|e| {
+                let file = e.ok()?.file_name();
+                WalName::parse(file.to_str()?.strip_suffix(".ready")?).ok()
+            })
+            .collect();
+        ready.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        ready
+    }
+}
+
+fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// `archive_command`'s client: asks the instance listening on `socket` to
+/// store `file` (PostgreSQL's `%p`) and returns once it is stored.
+pub fn request(socket: &Path, file: &Path) -> Result<(), String> {
+    let name = file
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| format!("{}: not a WAL file", file.display()))?;
+    let mut stream = std::os::unix::net::UnixStream::connect(socket)
+        .map_err(|e| format!("{}: {e} (is the instance running?)", socket.display()))?;
+    stream
+        .set_read_timeout(Some(CLIENT_TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    stream
+        .write_all(format!("archive {name}\n").as_bytes())
+        .map_err(|e| format!("{}: {e}", socket.display()))?;
+    let mut reply = String::new();
+    BufReader::new(stream)
+        .read_line(&mut reply)
+        .map_err(|e| format!("no answer for {name}: {e}"))?;
+    match reply.trim_end() {
+        "ok" => Ok(()),
+        other => Err(format!(
+            "{name}: {}",
+            other.strip_prefix("error ").unwrap_or(other)
+        )),
+    }
+}

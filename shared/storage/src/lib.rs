@@ -1,0 +1,58 @@
+//! Where Cairn keeps backups. One layout of a cluster's files in an S3
+//! bucket, shared by cairn-instance (which archives WAL and, later, takes
+//! base backups) and the backup controller (which reads the catalog from the
+//! bucket: the bucket, not a controller's memory, is the truth).
+//!
+//! ```text
+//! <prefix><cluster>/wal/<timeline>/<file>.zst   every file PostgreSQL archives
+//! ```
+//!
+//! Every object is zstd-compressed and carries the SHA-256 of its
+//! uncompressed content in its metadata (`x-amz-meta-sha256`), checked on
+//! every read, so a damaged object is refused instead of replayed.
+
+pub mod layout;
+pub mod s3;
+pub mod wal;
+
+pub use layout::{Layout, WalName};
+pub use s3::S3Settings;
+pub use wal::{Stored, WalArchive};
+
+/// Why a storage operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("{0:?} is not the name of a file PostgreSQL archives")]
+    InvalidName(String),
+    #[error("{operation} {key}: {message}")]
+    S3 {
+        operation: &'static str,
+        key: String,
+        message: String,
+    },
+    #[error(
+        "{key} already holds a different file (another cluster archiving to the same place?); refusing to overwrite it"
+    )]
+    Conflict { key: String },
+    #[error("{key} is damaged: {reason}")]
+    Corrupt { key: String, reason: String },
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl StorageError {
+    /// A short, stable label for metrics and conditions.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::InvalidName(_) => "InvalidName",
+            Self::S3 { .. } => "StorageUnavailable",
+            Self::Conflict { .. } => "Conflict",
+            Self::Corrupt { .. } => "Corrupt",
+            Self::Io { .. } => "LocalIO",
+        }
+    }
+}

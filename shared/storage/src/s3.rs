@@ -1,0 +1,71 @@
+//! An S3 client for a backup destination: AWS, or any S3-compatible service
+//! (MinIO, Ceph, moto) at an explicit endpoint.
+
+use aws_credential_types::Credentials;
+use aws_sdk_s3::config::{
+    BehaviorVersion, Builder, Region, RequestChecksumCalculation, ResponseChecksumValidation,
+};
+
+/// The keys of a credentials Secret (the names AWS's tools read).
+pub const ACCESS_KEY_ID: &str = "AWS_ACCESS_KEY_ID";
+pub const SECRET_ACCESS_KEY: &str = "AWS_SECRET_ACCESS_KEY";
+
+/// The region when none is given (S3-compatible services ignore it).
+const DEFAULT_REGION: &str = "us-east-1";
+
+/// A bucket and how to reach it.
+#[derive(Clone)]
+pub struct S3Settings {
+    /// The S3 API's URL; AWS's regional endpoint when `None`.
+    pub endpoint: Option<String>,
+    pub bucket: String,
+    pub region: Option<String>,
+    /// Key prefix under which clusters' folders are kept.
+    pub prefix: String,
+    pub access_key_id: String,
+    pub secret_access_key: String,
+}
+
+impl std::fmt::Debug for S3Settings {
+    // Never the secret key, whoever logs the settings.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S3Settings")
+            .field("endpoint", &self.endpoint)
+            .field("bucket", &self.bucket)
+            .field("region", &self.region)
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl S3Settings {
+    pub fn client(&self) -> aws_sdk_s3::Client {
+        let mut config = aws_sdk_s3::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .region(Region::new(
+                self.region.clone().unwrap_or_else(|| DEFAULT_REGION.into()),
+            ))
+            .credentials_provider(Credentials::new(
+                self.access_key_id.clone(),
+                self.secret_access_key.clone(),
+                None,
+                None,
+                "cairn-backup-destination",
+            ));
+        if let Some(endpoint) = &self.endpoint {
+            config = s3_compatible(config, endpoint);
+        }
+        aws_sdk_s3::Client::from_conf(config.build())
+    }
+}
+
+/// An S3 configuration for a service at `endpoint`: one host (no DNS name
+/// per bucket), and checksums only where S3 requires them (several
+/// S3-compatible services reject the SDK's default CRC headers).
+pub fn s3_compatible(config: Builder, endpoint: &str) -> Builder {
+    config
+        .endpoint_url(endpoint)
+        .force_path_style(true)
+        .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
+        .response_checksum_validation(ResponseChecksumValidation::WhenRequired)
+}

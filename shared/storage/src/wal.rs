@@ -1,0 +1,229 @@
+//! The WAL archive of one cluster: files PostgreSQL hands to
+//! `archive_command`, stored compressed with their checksum, and fetched
+//! back for `restore_command`.
+
+use std::path::Path;
+
+use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata};
+use aws_sdk_s3::primitives::ByteStream;
+use sha2::{Digest, Sha256};
+
+use crate::{Layout, S3Settings, StorageError, WalName};
+
+/// The metadata key holding the SHA-256 of an object's uncompressed content.
+const SHA256: &str = "sha256";
+/// zstd's default level: WAL shrinks several times at a few hundred MB/s.
+const ZSTD_LEVEL: i32 = 3;
+
+/// What `put` did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stored {
+    Uploaded {
+        bytes: u64,
+        compressed: u64,
+    },
+    /// The same content was already archived (a retry after a crash, or a
+    /// file archived ahead of PostgreSQL's request).
+    AlreadyThere,
+}
+
+/// One cluster's WAL in a bucket.
+#[derive(Clone, Debug)]
+pub struct WalArchive {
+    client: aws_sdk_s3::Client,
+    bucket: String,
+    layout: Layout,
+}
+
+impl WalArchive {
+    pub fn new(settings: &S3Settings, cluster: &str) -> Self {
+        Self {
+            client: settings.client(),
+            bucket: settings.bucket.clone(),
+            layout: Layout::new(&settings.prefix, cluster),
+        }
+    }
+
+    /// `s3://bucket/<cluster's folder>/wal/`, for messages and status.
+    pub fn location(&self) -> String {
+        format!("s3://{}/{}", self.bucket, self.layout.wal_root())
+    }
+
+    /// Stores the file at `path` as `name`; returns once S3 acknowledged it.
+    /// A different file already stored under that name is never overwritten.
+    pub async fn put(&self, name: &WalName, path: &Path) -> Result<Stored, StorageError> {
+        let key = self.layout.wal(name);
+        let content = tokio::fs::read(path)
+            .await
+            .map_err(|source| StorageError::Io {
+                path: path.display().to_string(),
+                source,
+            })?;
+        let sum = sha256(&content);
+        if let Some(stored) = self.stored_sum(&key).await? {
+            return if stored == sum {
+                Ok(Stored::AlreadyThere)
+            } else {
+                Err(StorageError::Conflict { key })
+            };
+        }
+        let bytes = content.len() as u64;
+        let compressed = blocking(move || zstd::bulk::compress(&content, ZSTD_LEVEL))
+            .await
+            .map_err(|e| corrupt(&key, format!("cannot compress: {e}")))?;
+        let compressed_len = compressed.len() as u64;
+        self.client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(&key)
+            .metadata(SHA256, sum)
+            .content_length(compressed_len as i64)
+            .body(ByteStream::from(compressed))
+            .send()
+            .await
+            .map_err(|e| s3("PutObject", &key, e))?;
+        Ok(Stored::Uploaded {
+            bytes,
+            compressed: compressed_len,
+        })
+    }
+
+    /// Writes the archived `name` to `destination` (through a temporary
+    /// file and a rename, so a reader never sees half a file); `false` if
+    /// it was never archived. Content whose checksum does not match is
+    /// refused.
+    pub async fn get(&self, name: &WalName, destination: &Path) -> Result<bool, StorageError> {
+        let key = self.layout.wal(name);
+        let object = match self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(&key)
+            .send()
+            .await
+        {
+            Ok(object) => object,
+            Err(e) if e.as_service_error().is_some_and(|e| e.is_no_such_key()) => {
+                return Ok(false);
+            }
+            Err(e) => return Err(s3("GetObject", &key, e)),
+        };
+        let expected = object.metadata().and_then(|m| m.get(SHA256)).cloned();
+        let compressed = object
+            .body
+            .collect()
+            .await
+            .map_err(|e| StorageError::S3 {
+                operation: "GetObject",
+                key: key.clone(),
+                message: DisplayErrorContext(&e).to_string(),
+            })?
+            .into_bytes();
+        let content = blocking(move || zstd::stream::decode_all(compressed.as_ref()))
+            .await
+            .map_err(|e| corrupt(&key, format!("not zstd: {e}")))?;
+        match expected {
+            Some(expected) if expected == sha256(&content) => {}
+            Some(_) => return Err(corrupt(&key, "checksum mismatch".into())),
+            None => return Err(corrupt(&key, "no checksum in its metadata".into())),
+        }
+        write_atomically(destination, &content).await?;
+        Ok(true)
+    }
+
+    /// Every file archived, in name order (timeline, then position).
+    pub async fn list(&self) -> Result<Vec<WalName>, StorageError> {
+        let root = self.layout.wal_root();
+        let mut pages = self
+            .client
+            .list_objects_v2()
+            .bucket(&self.bucket)
+            .prefix(&root)
+            .into_paginator()
+            .send();
+        let mut names = Vec::new();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| s3("ListObjectsV2", &root, e))?;
+            names.extend(
+                page.contents()
+                    .iter()
+                    .filter_map(|o| self.layout.wal_name(o.key()?)),
+            );
+        }
+        names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        Ok(names)
+    }
+
+    /// The checksum stored with `key`, or `None` if there is no such object.
+    async fn stored_sum(&self, key: &str) -> Result<Option<String>, StorageError> {
+        match self
+            .client
+            .head_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await
+        {
+            Ok(head) => Ok(Some(
+                head.metadata()
+                    .and_then(|m| m.get(SHA256))
+                    .cloned()
+                    .unwrap_or_default(),
+            )),
+            Err(e) if e.as_service_error().is_some_and(|e| e.is_not_found()) => Ok(None),
+            Err(e) => Err(s3("HeadObject", key, e)),
+        }
+    }
+}
+
+fn sha256(content: &[u8]) -> String {
+    hex::encode(Sha256::digest(content))
+}
+
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(std::io::Error::other)?
+}
+
+async fn write_atomically(destination: &Path, content: &[u8]) -> Result<(), StorageError> {
+    let io = |source| StorageError::Io {
+        path: destination.display().to_string(),
+        source,
+    };
+    let mut temporary = destination.as_os_str().to_owned();
+    temporary.push(".cairn-partial");
+    let temporary = std::path::PathBuf::from(temporary);
+    tokio::fs::write(&temporary, content).await.map_err(io)?;
+    tokio::fs::File::open(&temporary)
+        .await
+        .map_err(io)?
+        .sync_all()
+        .await
+        .map_err(io)?;
+    tokio::fs::rename(&temporary, destination).await.map_err(io)
+}
+
+fn s3<E>(operation: &'static str, key: &str, error: E) -> StorageError
+where
+    E: std::error::Error + ProvideErrorMetadata,
+{
+    let message = match error.code() {
+        Some(code) => format!("{code}: {}", error.message().unwrap_or_default()),
+        None => DisplayErrorContext(&error).to_string(),
+    };
+    StorageError::S3 {
+        operation,
+        key: key.to_owned(),
+        message,
+    }
+}
+
+fn corrupt(key: &str, reason: String) -> StorageError {
+    StorageError::Corrupt {
+        key: key.to_owned(),
+        reason,
+    }
+}
