@@ -87,6 +87,7 @@ prop_compose! {
         paused in any::<bool>(),
         failover in option::of((6i32..600, option::of(0i64..1_000_000))),
         synchronous in option::of(1i32..9),
+        backup in option::of((word(), option::of(word()))),
     ) -> Value {
         let scheduling = with_scheduling.then(|| json!({
             "nodeSelector": node_selector,
@@ -103,6 +104,12 @@ prop_compose! {
             "paused": paused,
             "failover": failover.map(|(delay, lag)| json!({ "delaySeconds": delay, "maxLagBytes": lag })),
             "replication": synchronous.map(|n| json!({ "synchronousReplicas": n })),
+            "backup": backup.map(|(bucket, prefix)| json!({ "destination": { "s3": {
+                "endpoint": "http://s3.example:9000",
+                "bucket": bucket,
+                "prefix": prefix,
+                "credentialsSecret": { "name": "s3" },
+            }}})),
         })
     }
 }

@@ -114,6 +114,7 @@ pub fn cluster_spec(instances: i32) -> DatabaseClusterSpec {
         paused: false,
         failover: None,
         replication: None,
+        backup: None,
     }
 }
 

@@ -79,6 +79,10 @@ pub struct BackupDestination {
     pub s3: Option<S3Destination>,
 }
 
+/// The keys of a destination's credentials Secret (the names AWS's tools read).
+pub const ACCESS_KEY_ID: &str = "AWS_ACCESS_KEY_ID";
+pub const SECRET_ACCESS_KEY: &str = "AWS_SECRET_ACCESS_KEY";
+
 /// An S3-compatible bucket.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[x_kube(validation = Rule::new("!has(self.region) || has(self.endpoint) || self.region.matches('^[a-z]{2}(-[a-z]+)+-[0-9]+$')")

@@ -45,6 +45,8 @@ struct SpecExtras {
     failover: Option<v1::FailoverSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     replication: Option<v1::ReplicationSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    backup: Option<v1::ClusterBackupSpec>,
 }
 
 /// The v1 status minus what v1alpha1 holds itself.
@@ -116,6 +118,7 @@ pub fn to_v1alpha1(
         paused: spec.paused,
         failover: spec.failover,
         replication: spec.replication,
+        backup: spec.backup,
     };
     keep(&mut metadata, SPEC_ANNOTATION, &extras)?;
     let status = status
@@ -209,6 +212,7 @@ pub fn to_v1(cluster: v1alpha1::DatabaseCluster) -> Result<v1::DatabaseCluster, 
             paused: extras.paused,
             failover: extras.failover,
             replication: extras.replication,
+            backup: extras.backup,
         },
     );
     converted.metadata = metadata;

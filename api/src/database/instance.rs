@@ -105,6 +105,29 @@ pub struct ObservedState {
     /// (bootstrap refused, fenced, crash-looping...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub problem: Option<String>,
+    /// WAL archiving, on an instance that archives (a primary of a cluster
+    /// with a backup destination).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wal_archive: Option<WalArchiveState>,
+}
+
+/// WAL archiving as the instance last saw it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WalArchiveState {
+    /// Files PostgreSQL has marked ready that are not stored yet.
+    pub pending: u32,
+    /// When a file was last stored (RFC 3339), since the instance started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_stored: Option<String>,
+    /// The error of the last attempt, while the last attempt failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failing: Option<String>,
+    /// The first WAL file the guard (`spec.backup.maxPendingWALSize`)
+    /// acknowledged without storing it: the archive has a gap there, and
+    /// point-in-time recovery cannot cross it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gap: Option<String>,
 }
 
 /// `X/Y` (hexadecimal halves) as a byte position.

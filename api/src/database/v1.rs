@@ -188,6 +188,9 @@ pub struct DatabaseClusterSpec {
     /// Synchronous replication: commits wait for replicas to confirm them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replication: Option<ReplicationSpec>,
+    /// Continuous backup: where the primary archives WAL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<ClusterBackupSpec>,
     /// Stop changing the cluster's child objects (for maintenance by hand).
     /// The status says so while it is set.
     #[serde(default, skip_serializing_if = "is_false")]
@@ -196,6 +199,37 @@ pub struct DatabaseClusterSpec {
 
 fn is_false(value: &bool) -> bool {
     !value
+}
+
+/// Continuous backup of a cluster.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterBackupSpec {
+    /// The bucket the primary archives every WAL file to (under
+    /// `<prefix>/<cluster name>/wal/`), as soon as PostgreSQL completes it.
+    /// Changing it restarts the instances.
+    pub destination: crate::backup::v1::BackupDestination,
+    /// The guard against a destination that stays unreachable: once more
+    /// than this much WAL waits to be archived, the oldest waiting files are
+    /// acknowledged without being stored, so the data volume does not fill
+    /// and stop the database. The archive then has a gap that point-in-time
+    /// recovery cannot cross (`ContinuousArchiving` says where). Unset: WAL
+    /// is kept until it is stored, however long that takes (the volume may
+    /// fill).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "maxPendingWALSize"
+    )]
+    #[schemars(
+        length(max = 64),
+        regex(
+            pattern = r"^(\+)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+        )
+    )]
+    #[x_kube(validation = Rule::new("quantity(self).isGreaterThan(quantity('0'))")
+        .message("spec.backup.maxPendingWALSize must be a positive quantity such as 10Gi"))]
+    pub max_pending_wal_size: Option<String>,
 }
 
 /// The PostgreSQL server.

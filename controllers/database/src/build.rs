@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use cairn_api::backup::v1::{ACCESS_KEY_ID, S3Destination, SECRET_ACCESS_KEY};
 use cairn_api::database::instance;
 use cairn_api::database::v1::{DEFAULT_FAILOVER_DELAY_SECONDS, DatabaseCluster, REPLICATION_USER};
 use cairn_runtime::labels;
@@ -11,10 +12,11 @@ use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
     ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
-    HTTPGetAction, ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec,
-    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile,
-    Secret, SecretVolumeSource, SecurityContext, Service, ServiceAccount, ServicePort, ServiceSpec,
-    TopologySpreadConstraint, Volume, VolumeMount, VolumeResourceRequirements,
+    HTTPGetAction, KeyToPath, ObjectFieldSelector, PersistentVolumeClaim,
+    PersistentVolumeClaimSpec, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
+    ResourceRequirements, SeccompProfile, Secret, SecretVolumeSource, SecurityContext, Service,
+    ServiceAccount, ServicePort, ServiceSpec, TopologySpreadConstraint, Volume, VolumeMount,
+    VolumeResourceRequirements,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
@@ -449,7 +451,7 @@ pub fn stateful_set(
             ..PodSecurityContext::default()
         }),
         containers: vec![instance_container(cluster)],
-        volumes: Some(volumes(&names)),
+        volumes: Some(volumes(cluster, &names)),
         node_selector: (!scheduling.node_selector.is_empty()).then_some(scheduling.node_selector),
         affinity: scheduling.affinity,
         tolerations: (!scheduling.tolerations.is_empty()).then_some(scheduling.tolerations),
@@ -592,33 +594,38 @@ fn instance_container(cluster: &DatabaseCluster) -> Container {
         name: "postgres".to_owned(),
         image: Some(image),
         command: Some(vec!["cairn-instance".to_owned()]),
-        env: Some(vec![
-            EnvVar {
-                name: "POD_NAME".to_owned(),
-                value_from: Some(field("metadata.name")),
-                ..EnvVar::default()
-            },
-            EnvVar {
-                name: "POD_NAMESPACE".to_owned(),
-                value_from: Some(field("metadata.namespace")),
-                ..EnvVar::default()
-            },
-            EnvVar {
-                name: "CAIRN_CLUSTER".to_owned(),
-                value: Some(cluster.name_any()),
-                ..EnvVar::default()
-            },
-            EnvVar {
-                name: "PGDATA".to_owned(),
-                value: Some(instance::PGDATA.to_owned()),
-                ..EnvVar::default()
-            },
-            EnvVar {
-                name: instance::FENCE_SECONDS_ENV.to_owned(),
-                value: Some(fence_seconds(cluster).to_string()),
-                ..EnvVar::default()
-            },
-        ]),
+        env: Some(
+            vec![
+                EnvVar {
+                    name: "POD_NAME".to_owned(),
+                    value_from: Some(field("metadata.name")),
+                    ..EnvVar::default()
+                },
+                EnvVar {
+                    name: "POD_NAMESPACE".to_owned(),
+                    value_from: Some(field("metadata.namespace")),
+                    ..EnvVar::default()
+                },
+                EnvVar {
+                    name: "CAIRN_CLUSTER".to_owned(),
+                    value: Some(cluster.name_any()),
+                    ..EnvVar::default()
+                },
+                EnvVar {
+                    name: "PGDATA".to_owned(),
+                    value: Some(instance::PGDATA.to_owned()),
+                    ..EnvVar::default()
+                },
+                EnvVar {
+                    name: instance::FENCE_SECONDS_ENV.to_owned(),
+                    value: Some(fence_seconds(cluster).to_string()),
+                    ..EnvVar::default()
+                },
+            ]
+            .into_iter()
+            .chain(archive_env(cluster))
+            .collect(),
+        ),
         ports: Some(vec![
             port("postgres", POSTGRES_PORT),
             port("instance", INSTANCE_HTTP_PORT),
@@ -636,19 +643,70 @@ fn instance_container(cluster: &DatabaseCluster) -> Container {
             }),
             ..SecurityContext::default()
         }),
-        volume_mounts: Some(vec![
-            mount("data", instance::DATA_MOUNT, false),
-            mount("config", instance::CONFIG_DIR, true),
-            mount("credentials", instance::CREDENTIALS_DIR, true),
-            mount("tls", instance::TLS_DIR, true),
-            mount("run", instance::RUN_DIR, false),
-            mount("tmp", "/tmp", false),
-        ]),
+        volume_mounts: Some(
+            vec![
+                mount("data", instance::DATA_MOUNT, false),
+                mount("config", instance::CONFIG_DIR, true),
+                mount("credentials", instance::CREDENTIALS_DIR, true),
+                mount("tls", instance::TLS_DIR, true),
+                mount("run", instance::RUN_DIR, false),
+                mount("tmp", "/tmp", false),
+            ]
+            .into_iter()
+            .chain(
+                archive_destination(cluster)
+                    .map(|_| mount(BACKUP_CREDENTIALS, instance::BACKUP_CREDENTIALS_DIR, true)),
+            )
+            .collect(),
+        ),
         ..Container::default()
     }
 }
 
-fn volumes(names: &Names) -> Vec<Volume> {
+/// The volume of the backup destination's credentials.
+const BACKUP_CREDENTIALS: &str = "backup-credentials";
+
+/// The bucket the instances archive WAL to: an explicit S3 destination.
+/// (An ObjectBucket reference is refused in the status until supported.)
+pub fn archive_destination(cluster: &DatabaseCluster) -> Option<&S3Destination> {
+    cluster.spec.backup.as_ref()?.destination.s3.as_ref()
+}
+
+/// What cairn-instance needs to archive WAL (the credentials come from a
+/// volume, never an environment variable).
+fn archive_env(cluster: &DatabaseCluster) -> Vec<EnvVar> {
+    let Some(s3) = archive_destination(cluster) else {
+        return Vec::new();
+    };
+    // Bytes, so the instance needs no quantity parser; a size the schema let
+    // through but that does not parse leaves the guard off, as unset.
+    let max_pending = cluster
+        .spec
+        .backup
+        .as_ref()
+        .and_then(|b| b.max_pending_wal_size.as_deref())
+        .and_then(cairn_api::validate::parse_quantity)
+        // parse_quantity counts in nano-units.
+        .map(|nanos| (nanos / 1_000_000_000).to_string());
+    [
+        ("CAIRN_BACKUP_BUCKET", Some(&s3.bucket)),
+        ("CAIRN_BACKUP_ENDPOINT", s3.endpoint.as_ref()),
+        ("CAIRN_BACKUP_REGION", s3.region.as_ref()),
+        ("CAIRN_BACKUP_PREFIX", s3.prefix.as_ref()),
+        ("CAIRN_WAL_ARCHIVE_MAX_PENDING_BYTES", max_pending.as_ref()),
+    ]
+    .into_iter()
+    .filter_map(|(name, value)| {
+        Some(EnvVar {
+            name: name.to_owned(),
+            value: Some(value?.clone()),
+            ..EnvVar::default()
+        })
+    })
+    .collect()
+}
+
+fn volumes(cluster: &DatabaseCluster, names: &Names) -> Vec<Volume> {
     let empty = |name: &str| Volume {
         name: name.to_owned(),
         empty_dir: Some(Default::default()),
@@ -684,6 +742,29 @@ fn volumes(names: &Names) -> Vec<Volume> {
         empty("run"),
         empty("tmp"),
     ]
+    .into_iter()
+    .chain(archive_destination(cluster).map(|s3| {
+        Volume {
+            name: BACKUP_CREDENTIALS.to_owned(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(s3.credentials_secret.name.clone()),
+                default_mode: Some(0o400),
+                items: Some(
+                    [ACCESS_KEY_ID, SECRET_ACCESS_KEY]
+                        .into_iter()
+                        .map(|key| KeyToPath {
+                            key: key.to_owned(),
+                            path: key.to_owned(),
+                            mode: None,
+                        })
+                        .collect(),
+                ),
+                ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        }
+    }))
+    .collect()
 }
 
 /// A quantity as the API server stores it ("0.5" → "500m"), so a converged
@@ -963,5 +1044,71 @@ mod tests {
             .find(|e| e.name == instance::FENCE_SECONDS_ENV)
             .and_then(|e| e.value.clone());
         assert_eq!(fence.as_deref(), Some("5"));
+    }
+
+    #[test]
+    fn a_backup_destination_reaches_the_instances_with_its_credentials_in_a_volume() {
+        let plain = stateful_set(&cluster(&[]), None);
+        let pod = plain.spec.and_then(|s| s.template.spec).expect("pod");
+        let env = pod.containers[0].env.clone().unwrap_or_default();
+        assert!(!env.iter().any(|e| e.name.starts_with("CAIRN_BACKUP")));
+        assert!(
+            !pod.volumes
+                .iter()
+                .flatten()
+                .any(|v| v.name == BACKUP_CREDENTIALS)
+        );
+
+        let archiving = stateful_set(&crate::fixtures::archiving(cluster(&[])), None);
+        let pod = archiving.spec.and_then(|s| s.template.spec).expect("pod");
+        let container = &pod.containers[0];
+        let env: BTreeMap<String, Option<String>> = container
+            .env
+            .iter()
+            .flatten()
+            .map(|e| (e.name.clone(), e.value.clone()))
+            .collect();
+        assert_eq!(env["CAIRN_BACKUP_BUCKET"].as_deref(), Some("wal"));
+        assert_eq!(
+            env["CAIRN_BACKUP_ENDPOINT"].as_deref(),
+            Some("http://s3.local:9000")
+        );
+        assert_eq!(env["CAIRN_BACKUP_PREFIX"].as_deref(), Some("shop/"));
+        assert!(
+            !env.contains_key("CAIRN_BACKUP_REGION"),
+            "unset: no variable"
+        );
+        assert_eq!(
+            env["CAIRN_WAL_ARCHIVE_MAX_PENDING_BYTES"].as_deref(),
+            Some("1073741824")
+        );
+        assert!(
+            !env.keys().any(|k| k.contains("ACCESS_KEY")),
+            "credentials only in a volume"
+        );
+        let volume = pod
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == BACKUP_CREDENTIALS)
+            .and_then(|v| v.secret.clone())
+            .expect("the credentials volume");
+        assert_eq!(volume.secret_name.as_deref(), Some("s3"));
+        let keys: Vec<String> = volume
+            .items
+            .iter()
+            .flatten()
+            .map(|i| i.key.clone())
+            .collect();
+        assert_eq!(keys, [ACCESS_KEY_ID, SECRET_ACCESS_KEY]);
+        assert!(
+            container
+                .volume_mounts
+                .iter()
+                .flatten()
+                .any(|m| m.name == BACKUP_CREDENTIALS
+                    && m.mount_path == instance::BACKUP_CREDENTIALS_DIR
+                    && m.read_only == Some(true))
+        );
     }
 }

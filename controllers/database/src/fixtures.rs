@@ -26,10 +26,25 @@ pub fn cluster(instances: i32, parameters: &[(&str, &str)]) -> DatabaseCluster {
             paused: false,
             failover: None,
             replication: None,
+            backup: None,
         },
     );
     cluster.metadata.namespace = Some("shop".into());
     cluster.metadata.uid = Some("uid-1".into());
     cluster.metadata.generation = Some(2);
+    cluster
+}
+
+/// `cluster` archiving WAL to bucket `wal` at a local endpoint, under `shop/`.
+pub fn archiving(mut cluster: DatabaseCluster) -> DatabaseCluster {
+    cluster.spec.backup = Some(
+        serde_json::from_value(serde_json::json!({ "destination": { "s3": {
+            "endpoint": "http://s3.local:9000",
+            "bucket": "wal",
+            "prefix": "shop/",
+            "credentialsSecret": { "name": "s3" },
+        }}, "maxPendingWALSize": "1024Mi" }))
+        .expect("a valid backup spec"),
+    );
     cluster
 }

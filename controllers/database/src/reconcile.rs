@@ -39,7 +39,9 @@ use crate::error::Error;
 use crate::failover::{self, Decision, Member, Policy, Quorum};
 use crate::metrics::ClusterMetrics;
 use crate::rollout;
-use crate::status::{self, DEGRADED, Instances, PROGRESSING, READY, Switching};
+use crate::status::{
+    self, CONTINUOUS_ARCHIVING, DEGRADED, Instances, PROGRESSING, READY, Switching,
+};
 use crate::switchover::{self, SWITCHOVER_ANNOTATION, Step};
 use crate::tls;
 
@@ -273,6 +275,13 @@ pub async fn reconcile(cluster: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Resu
         &now,
     );
     status::switchover(&mut observed, &cluster, roles.switching, &now);
+    let primary_report = members.iter().find(|m| m.pod == roles.primary);
+    status::archiving(
+        &mut observed,
+        &cluster,
+        primary_report.and_then(|m| m.observed.wal_archive.as_ref()),
+        &now,
+    );
     if let Some(class) = blocked_storage {
         status::storage_not_expandable(&mut observed, &cluster, &class, &now);
     }
@@ -1136,7 +1145,7 @@ async fn write_status(
         .await?;
     ctx.decisions.written(&written, false);
     let reference = cluster.object_ref(&());
-    for type_ in [READY, PROGRESSING, DEGRADED] {
+    for type_ in [READY, PROGRESSING, DEGRADED, CONTINUOUS_ARCHIVING] {
         let Some(current) = status::condition(Some(&status), type_) else {
             continue;
         };

@@ -1,5 +1,7 @@
 //! The status a cluster reports, derived from what its children show (pure).
 
+use cairn_api::backup::layout::Layout;
+use cairn_api::database::instance::WalArchiveState;
 use cairn_api::database::v1::{
     DatabaseCluster, DatabaseClusterPhase, DatabaseClusterStatus, Endpoints, FailoverRecord,
     SwitchoverRecord,
@@ -14,6 +16,8 @@ use crate::build::{self, Names};
 pub const READY: &str = "Ready";
 pub const PROGRESSING: &str = "Progressing";
 pub const DEGRADED: &str = "Degraded";
+/// On a cluster with a backup destination: every completed WAL file reaches it.
+pub const CONTINUOUS_ARCHIVING: &str = "ContinuousArchiving";
 
 /// Reasons, stable strings an on-call engineer can search for.
 pub mod reason {
@@ -33,6 +37,10 @@ pub mod reason {
     pub const SWITCHING_OVER: &str = "SwitchingOver";
     pub const SWITCHOVER_REFUSED: &str = "SwitchoverRefused";
     pub const STORAGE_EXPANSION_NOT_SUPPORTED: &str = "StorageExpansionNotSupported";
+    pub const WAL_ARCHIVING: &str = "WALArchiving";
+    pub const WAL_ARCHIVING_FAILING: &str = "WALArchivingFailing";
+    pub const WAL_ARCHIVE_GAP: &str = "WALArchiveGap";
+    pub const DESTINATION_NOT_SUPPORTED: &str = "DestinationNotSupported";
 }
 
 /// What the StatefulSet reports, reduced to what the status needs.
@@ -289,6 +297,86 @@ fn base(cluster: &DatabaseCluster) -> DatabaseClusterStatus {
     status
 }
 
+/// `ContinuousArchiving` from the primary's report of its last attempt (the
+/// primary is the one that archives). Left as it was while the primary has
+/// not reported (starting, or lost: the failover conditions say so), and
+/// removed with `spec.backup`.
+pub fn archiving(
+    status: &mut DatabaseClusterStatus,
+    cluster: &DatabaseCluster,
+    report: Option<&WalArchiveState>,
+    now: &Time,
+) {
+    let Some(backup) = &cluster.spec.backup else {
+        status
+            .conditions
+            .retain(|c| c.type_ != CONTINUOUS_ARCHIVING);
+        return;
+    };
+    let (ok, reason, message) = match (&backup.destination.s3, report) {
+        (None, _) => (
+            false,
+            reason::DESTINATION_NOT_SUPPORTED,
+            "spec.backup.destination.bucketRef: archiving to an ObjectBucket by reference is not \
+             supported yet, so no WAL is archived; give the bucket as s3 (the ObjectBucket's \
+             connection Secret holds its endpoint, bucket and credentials)"
+                .to_owned(),
+        ),
+        (Some(_), None) => return,
+        (Some(s3), Some(report)) => {
+            let place = format!(
+                "s3://{}/{}",
+                s3.bucket,
+                Layout::new(
+                    s3.prefix.as_deref().unwrap_or_default(),
+                    &cluster.name_any()
+                )
+                .wal_root()
+            );
+            match &report.failing {
+                Some(error) => (
+                    false,
+                    reason::WAL_ARCHIVING_FAILING,
+                    format!(
+                        "WAL cannot be stored in {place} and waits in pg_wal (last stored: {}): {error}",
+                        report
+                            .last_stored
+                            .as_deref()
+                            .unwrap_or("none since the primary started")
+                    ),
+                ),
+                None => match &report.gap {
+                    Some(first) => (
+                        false,
+                        reason::WAL_ARCHIVE_GAP,
+                        format!(
+                            "WAL from {first} on was dropped without being stored in {place} \
+                             (more waited than spec.backup.maxPendingWALSize allows): \
+                             point-in-time recovery cannot cross it"
+                        ),
+                    ),
+                    None => (
+                        true,
+                        reason::WAL_ARCHIVING,
+                        format!("the primary stores every completed WAL file in {place}"),
+                    ),
+                },
+            }
+        }
+    };
+    conditions::set(
+        &mut status.conditions,
+        conditions::new(
+            CONTINUOUS_ARCHIVING,
+            ok,
+            reason,
+            message,
+            cluster.metadata.generation,
+            now.clone(),
+        ),
+    );
+}
+
 /// Where a requested switchover stands after a reconcile.
 pub struct Switching {
     pub record: Option<SwitchoverRecord>,
@@ -524,5 +612,87 @@ mod tests {
         );
         assert_eq!(ready.message, "spec.resources: too much");
         assert_eq!(status.phase, Some(DatabaseClusterPhase::Failed));
+    }
+
+    #[test]
+    fn archiving_follows_the_primarys_last_attempt() {
+        let cluster = crate::fixtures::archiving(running_with(3, 3));
+        let mut status = observe(&cluster, instances(3, 3, 3), "orders-0", &now());
+        archiving(&mut status, &cluster, None, &now());
+        assert!(
+            condition(Some(&status), CONTINUOUS_ARCHIVING).is_none(),
+            "nothing reported yet: nothing said"
+        );
+        let working = WalArchiveState {
+            pending: 2,
+            last_stored: Some("2026-11-25T23:00:00Z".into()),
+            failing: None,
+            gap: None,
+        };
+        archiving(&mut status, &cluster, Some(&working), &now());
+        assert_eq!(
+            reason_of(&status, CONTINUOUS_ARCHIVING),
+            ("True".into(), reason::WAL_ARCHIVING.into())
+        );
+        let failing = WalArchiveState {
+            failing: Some("PutObject: connection refused".into()),
+            ..working.clone()
+        };
+        archiving(&mut status, &cluster, Some(&failing), &now());
+        let c = condition(Some(&status), CONTINUOUS_ARCHIVING).expect("condition");
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", reason::WAL_ARCHIVING_FAILING)
+        );
+        assert!(
+            c.message.contains("s3://wal/shop/orders/wal/"),
+            "{}",
+            c.message
+        );
+        assert!(c.message.contains("connection refused"), "{}", c.message);
+        assert!(c.message.contains("2026-11-25T23:00:00Z"), "{}", c.message);
+
+        let gap = WalArchiveState {
+            gap: Some("000000010000000000000009".into()),
+            ..working.clone()
+        };
+        archiving(&mut status, &cluster, Some(&gap), &now());
+        let c = condition(Some(&status), CONTINUOUS_ARCHIVING).expect("condition");
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", reason::WAL_ARCHIVE_GAP)
+        );
+        assert!(
+            c.message.contains("000000010000000000000009"),
+            "{}",
+            c.message
+        );
+
+        let mut without = cluster.clone();
+        without.spec.backup = None;
+        archiving(&mut status, &without, Some(&working), &now());
+        assert!(condition(Some(&status), CONTINUOUS_ARCHIVING).is_none());
+    }
+
+    #[test]
+    fn an_objectbucket_reference_is_refused_not_ignored() {
+        let mut cluster = crate::fixtures::archiving(running_with(3, 3));
+        if let Some(backup) = cluster.spec.backup.as_mut() {
+            backup.destination =
+                serde_json::from_value(serde_json::json!({ "bucketRef": { "name": "backups" } }))
+                    .expect("destination");
+        }
+        let mut status = observe(&cluster, instances(3, 3, 3), "orders-0", &now());
+        archiving(&mut status, &cluster, None, &now());
+        assert_eq!(
+            reason_of(&status, CONTINUOUS_ARCHIVING),
+            ("False".into(), reason::DESTINATION_NOT_SUPPORTED.into())
+        );
+        let pod = build::stateful_set(&cluster, None)
+            .spec
+            .and_then(|s| s.template.spec)
+            .expect("pod");
+        let env = pod.containers[0].env.clone().unwrap_or_default();
+        assert!(!env.iter().any(|e| e.name.starts_with("CAIRN_BACKUP")));
     }
 }

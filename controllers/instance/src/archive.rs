@@ -13,9 +13,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use cairn_api::database::instance::WalArchiveState;
 use cairn_storage::{Stored, WalArchive, WalName};
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
+use k8s_openapi::jiff::Timestamp;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 
@@ -35,17 +37,35 @@ pub struct Archiver {
     /// `pg_wal` of the data folder.
     wal_dir: PathBuf,
     parallel: usize,
+    /// The guard: above this much waiting WAL, files are dropped unstored.
+    max_pending_bytes: Option<u64>,
+    /// Holds the first file the guard dropped, on the data volume: the gap
+    /// outlives a restart of the instance.
+    gap_file: PathBuf,
     state: Arc<State>,
     /// Uploads running or done but not yet asked for; at most `parallel`.
     uploads: Mutex<HashMap<String, Upload>>,
 }
 
 impl Archiver {
-    pub fn new(archive: WalArchive, data_dir: &Path, parallel: usize, state: Arc<State>) -> Self {
+    pub fn new(
+        archive: WalArchive,
+        data_dir: &Path,
+        parallel: usize,
+        max_pending_bytes: Option<u64>,
+        state: Arc<State>,
+    ) -> Self {
         Self {
             archive,
             wal_dir: data_dir.join("pg_wal"),
             parallel: parallel.max(1),
+            max_pending_bytes,
+            // Beside the data folder, on the same volume, outside what a
+            // base backup copies.
+            gap_file: data_dir
+                .parent()
+                .unwrap_or(data_dir)
+                .join("cairn-wal-archive-gap"),
             state,
             uploads: Mutex::new(HashMap::new()),
         }
@@ -60,6 +80,10 @@ impl Archiver {
         std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
             .context(|| format!("restricting {}", socket.display()))?;
         tracing::info!(destination = %self.archive.location(), "archiving WAL");
+        let gap = std::fs::read_to_string(&self.gap_file)
+            .ok()
+            .map(|first| first.trim().to_owned());
+        self.report(|archive| archive.gap = gap);
         let backlog = {
             let archiver = self.clone();
             async move {
@@ -104,6 +128,10 @@ impl Archiver {
 
     /// Stores `name`, and starts uploading the files ready after it.
     pub async fn archive(&self, name: WalName) -> Result<(), String> {
+        if self.over_the_guard() {
+            self.drop_unstored(&name);
+            return Ok(());
+        }
         let upload = {
             let mut uploads = self.uploads.lock().unwrap_or_else(PoisonError::into_inner);
             let upload = match uploads.get(name.as_str()) {
@@ -134,6 +162,10 @@ impl Archiver {
                     let metrics = &state.metrics;
                     metrics.archived.inc();
                     metrics.archive_last_success.set(now());
+                    report(&state, |archive| {
+                        archive.last_stored = Some(format!("{:.0}", Timestamp::now()));
+                        archive.failing = None;
+                    });
                     if let Stored::Uploaded { bytes, compressed } = stored {
                         tracing::debug!(file = %name, bytes, compressed, seconds = started.elapsed().as_secs_f64(), "WAL archived");
                     }
@@ -143,6 +175,7 @@ impl Archiver {
                     state.metrics.archive_failures.inc();
                     state.metrics.archive_last_failure.set(now());
                     tracing::warn!(file = %name, reason = e.reason(), "WAL archiving failed: {e}");
+                    report(&state, |archive| archive.failing = Some(e.to_string()));
                     Err(e.to_string())
                 }
             }
@@ -158,7 +191,7 @@ impl Archiver {
     /// Starts uploads of the oldest ready files, up to `parallel` in all.
     fn look_ahead(&self, uploads: &mut HashMap<String, Upload>) {
         let ready = self.ready_files();
-        self.state.metrics.archive_pending.set(ready.len() as i64);
+        self.pending(ready.len());
         for name in ready {
             if uploads.len() >= self.parallel {
                 break;
@@ -170,11 +203,45 @@ impl Archiver {
         }
     }
 
+    /// More WAL waits than the guard allows.
+    fn over_the_guard(&self) -> bool {
+        let Some(limit) = self.max_pending_bytes else {
+            return false;
+        };
+        let waiting: u64 = self
+            .ready_files()
+            .iter()
+            .filter_map(|name| std::fs::metadata(self.wal_dir.join(name.as_str())).ok())
+            .map(|m| m.len())
+            .sum();
+        waiting > limit
+    }
+
+    /// Acknowledges `name` without storing it, and records the gap.
+    fn drop_unstored(&self, name: &WalName) {
+        self.state.metrics.archive_dropped.inc();
+        tracing::error!(file = %name, "more WAL waits to be archived than spec.backup.maxPendingWALSize allows: dropped without storing it; point-in-time recovery cannot cross this gap");
+        if self.gap_file.exists() {
+            return;
+        }
+        if let Err(e) = std::fs::write(&self.gap_file, name.as_str()) {
+            tracing::warn!(file = %self.gap_file.display(), "cannot record the archive gap: {e}");
+        }
+        let first = name.to_string();
+        self.report(|archive| archive.gap = Some(first));
+    }
+
     fn count_backlog(&self) {
-        self.state
-            .metrics
-            .archive_pending
-            .set(self.ready_files().len() as i64);
+        self.pending(self.ready_files().len());
+    }
+
+    fn pending(&self, files: usize) {
+        self.state.metrics.archive_pending.set(files as i64);
+        self.report(|archive| archive.pending = files as u32);
+    }
+
+    fn report(&self, change: impl FnOnce(&mut WalArchiveState)) {
+        report(&self.state, change);
     }
 
     /// Files PostgreSQL has marked ready to archive, oldest first.
@@ -191,6 +258,11 @@ impl Archiver {
         ready.sort_by(|a, b| a.as_str().cmp(b.as_str()));
         ready
     }
+}
+
+/// Changes what `/status` and the membership Lease say of archiving.
+fn report(state: &State, change: impl FnOnce(&mut WalArchiveState)) {
+    state.update(|status| change(status.wal_archive.get_or_insert_default()));
 }
 
 fn now() -> f64 {

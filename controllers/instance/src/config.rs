@@ -110,6 +110,11 @@ pub struct Config {
     /// ready after it.
     #[arg(long, env = "CAIRN_WAL_ARCHIVE_PARALLEL", default_value_t = 4)]
     pub wal_archive_parallel: usize,
+    /// The guard: above this many bytes of WAL waiting to be archived, the
+    /// oldest waiting file is acknowledged without being stored. Unset: WAL
+    /// waits for the bucket however long.
+    #[arg(long, env = "CAIRN_WAL_ARCHIVE_MAX_PENDING_BYTES")]
+    pub wal_archive_max_pending_bytes: Option<u64>,
     #[arg(long, env = "CAIRN_LOG_FORMAT", value_enum, default_value = "json")]
     pub log_format: LogFormat,
     #[arg(long, env = "CAIRN_LOG_LEVEL", default_value = "info")]

@@ -156,6 +156,7 @@ fn wal_archiver(config: &Config, state: &Arc<State>) -> Result<Option<Arc<Archiv
         cairn_storage::WalArchive::new(&settings, cluster),
         &config.data_dir,
         config.wal_archive_parallel,
+        config.wal_archive_max_pending_bytes,
         state.clone(),
     ))))
 }

@@ -24,6 +24,7 @@ pub struct Metrics {
     pub archive_pending: IntGauge,
     pub archived: IntCounter,
     pub archive_failures: IntCounter,
+    pub archive_dropped: IntCounter,
     pub archive_last_success: Gauge,
     pub archive_last_failure: Gauge,
 }
@@ -102,6 +103,10 @@ impl Metrics {
                 "wal_archive_failures_total",
                 "Failed attempts to store a WAL file in the backup destination",
             ))?,
+            archive_dropped: IntCounter::with_opts(name(
+                "wal_archive_dropped_files_total",
+                "WAL files acknowledged without being stored, by the pending-size guard",
+            ))?,
             archive_last_success: Gauge::with_opts(name(
                 "wal_archive_last_success_timestamp_seconds",
                 "When a WAL file was last stored (0: never since the instance started)",
@@ -131,6 +136,7 @@ impl Metrics {
         r.register(Box::new(metrics.archive_pending.clone()))?;
         r.register(Box::new(metrics.archived.clone()))?;
         r.register(Box::new(metrics.archive_failures.clone()))?;
+        r.register(Box::new(metrics.archive_dropped.clone()))?;
         r.register(Box::new(metrics.archive_last_success.clone()))?;
         r.register(Box::new(metrics.archive_last_failure.clone()))?;
         Ok(metrics)

@@ -4,7 +4,7 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use cairn_api::database::instance::ObservedState;
+use cairn_api::database::instance::{ObservedState, WalArchiveState};
 use serde::Serialize;
 use tokio::sync::watch;
 
@@ -57,6 +57,8 @@ pub struct Status {
     /// Free and total bytes of the filesystem that holds the data folder.
     pub data_volume_free_bytes: Option<u64>,
     pub data_volume_bytes: Option<u64>,
+    /// WAL archiving, when the cluster has a backup destination.
+    pub wal_archive: Option<WalArchiveState>,
 }
 
 pub struct State {
@@ -98,6 +100,7 @@ impl State {
                 problem: (!status.ready)
                     .then(|| status.last_error.clone().or_else(|| status.reason.clone()))
                     .flatten(),
+                wal_archive: status.wal_archive.clone(),
             }
         };
         self.observed.send_if_modified(|current| {

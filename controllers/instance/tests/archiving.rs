@@ -207,6 +207,12 @@ async fn an_unreachable_bucket_holds_wal_until_it_returns() -> Result {
     };
     let (_, _, failed) = archiver_stats(&sql).await?;
     assert!(failed > 0, "pg_stat_archiver saw no failure");
+    // What the membership Lease reports to the controller.
+    let status = primary.status().await?;
+    assert!(
+        status["walArchive"]["failing"].is_string(),
+        "the failure is not reported: {status}"
+    );
     sql.batch_execute("CHECKPOINT").await?;
     for name in &held {
         let path = spec.data_dir().join("pg_wal").join(name);
@@ -218,6 +224,11 @@ async fn an_unreachable_bucket_holds_wal_until_it_returns() -> Result {
     let last = held.last().cloned().unwrap_or_default();
     until_archived(&primary, &last, Duration::from_secs(150)).await?;
     let caught_up = healed.elapsed();
+    primary
+        .wait_status("archiving reported healthy", Duration::from_secs(30), |s| {
+            s["walArchive"]["failing"].is_null() && s["walArchive"]["lastStored"].is_string()
+        })
+        .await?;
     let segments = archived_segments(&bucket).await?;
     for name in &held {
         assert!(segments.contains(name), "{name} missing from the bucket");
@@ -228,5 +239,73 @@ async fn an_unreachable_bucket_holds_wal_until_it_returns() -> Result {
         held.len(),
         caught_up.as_secs_f64()
     );
+    fixture.passed()
+}
+
+#[tokio::test]
+async fn the_guard_drops_the_oldest_wal_rather_than_fill_the_volume() -> Result {
+    let mut fixture = Fixture::new("archive-guard", &[])?;
+    let bucket = new_bucket().await?;
+    let proxy = FaultProxy::start(cluster().s3_endpoint()).await?;
+    let spec = fixture.instance("orders-0", "primary")?;
+    // 40 MiB: two and a half segments may wait.
+    let spec = fixture.archiving_to(spec, &proxy.url(), &bucket)?.env(
+        "CAIRN_WAL_ARCHIVE_MAX_PENDING_BYTES",
+        &(40u64 << 20).to_string(),
+    );
+    let primary = fixture.start(&spec)?;
+    primary.wait_ready(Duration::from_secs(60)).await?;
+    let sql = primary.sql().await?;
+    let first = switch_wal(&sql).await?;
+    until_archived(&primary, &first, Duration::from_secs(60)).await?;
+
+    proxy.inject(Rule::always(Fault::Unreachable));
+    let mut switched = Vec::new();
+    for _ in 0..5 {
+        write_wal(&sql, 2).await?;
+        switched.push(switch_wal(&sql).await?);
+    }
+    primary
+        .wait_status("the gap reported", Duration::from_secs(60), |s| {
+            s["walArchive"]["gap"].is_string()
+        })
+        .await?;
+    let dropped = primary
+        .metric("cairn_postgres_wal_archive_dropped_files_total")
+        .await?
+        .unwrap_or(0.0);
+    assert!(dropped >= 1.0, "nothing dropped");
+    let gap = primary.status().await?["walArchive"]["gap"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert_eq!(gap, switched[0], "the oldest waiting file goes first");
+    // What waits stays within the guard (two full segments and a bit).
+    let waiting = primary
+        .metric("cairn_postgres_wal_archive_pending_files")
+        .await?
+        .unwrap_or(f64::MAX);
+    assert!(waiting <= 3.0, "{waiting} files wait");
+
+    proxy.heal();
+    let last = switched.last().cloned().unwrap_or_default();
+    until_archived(&primary, &last, Duration::from_secs(150)).await?;
+    let segments: Vec<String> = archive(&bucket)
+        .list()
+        .await?
+        .into_iter()
+        .map(|n| n.to_string())
+        .collect();
+    assert!(
+        !segments.contains(&gap),
+        "{gap} was dropped, yet it is in the bucket"
+    );
+    assert!(
+        segments.contains(&last),
+        "{last} missing after the bucket returned"
+    );
+    // The gap is still reported: recovery cannot cross it.
+    assert_eq!(primary.status().await?["walArchive"]["gap"], gap.as_str());
+    println!("guard: {dropped} files dropped, first {gap}; {waiting} waited at most");
     fixture.passed()
 }

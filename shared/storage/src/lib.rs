@@ -3,27 +3,24 @@
 //! base backups) and the backup controller (which reads the catalog from the
 //! bucket: the bucket, not a controller's memory, is the truth).
 //!
-//! ```text
-//! <prefix><cluster>/wal/<timeline>/<file>.zst   every file PostgreSQL archives
-//! ```
+//! The layout itself is API surface ([`cairn_api::backup::layout`]).
 //!
 //! Every object is zstd-compressed and carries the SHA-256 of its
 //! uncompressed content in its metadata (`x-amz-meta-sha256`), checked on
 //! every read, so a damaged object is refused instead of replayed.
 
-pub mod layout;
 pub mod s3;
 pub mod wal;
 
-pub use layout::{Layout, WalName};
+pub use cairn_api::backup::layout::{self, Layout, WalName};
 pub use s3::S3Settings;
 pub use wal::{Stored, WalArchive};
 
 /// Why a storage operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
-    #[error("{0:?} is not the name of a file PostgreSQL archives")]
-    InvalidName(String),
+    #[error(transparent)]
+    InvalidName(#[from] cairn_api::backup::layout::InvalidWalName),
     #[error("{operation} {key}: {message}")]
     S3 {
         operation: &'static str,

@@ -6,9 +6,8 @@ use aws_sdk_s3::config::{
     BehaviorVersion, Builder, Region, RequestChecksumCalculation, ResponseChecksumValidation,
 };
 
-/// The keys of a credentials Secret (the names AWS's tools read).
-pub const ACCESS_KEY_ID: &str = "AWS_ACCESS_KEY_ID";
-pub const SECRET_ACCESS_KEY: &str = "AWS_SECRET_ACCESS_KEY";
+/// The keys of a credentials Secret.
+pub use cairn_api::backup::v1::{ACCESS_KEY_ID, SECRET_ACCESS_KEY};
 
 /// The region when none is given (S3-compatible services ignore it).
 const DEFAULT_REGION: &str = "us-east-1";

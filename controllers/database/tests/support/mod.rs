@@ -97,6 +97,7 @@ pub fn database_cluster(name: &str, instances: i32) -> DatabaseCluster {
             paused: false,
             failover: None,
             replication: None,
+            backup: None,
         },
     )
 }

@@ -1,6 +1,15 @@
-//! Object keys, built without I/O.
+//! Where a cluster's files live in a backup bucket: the contract between
+//! cairn-instance, which writes them, and the controllers, which read and
+//! report them. Built without I/O.
+//!
+//! ```text
+//! <prefix>/<cluster>/wal/<timeline>/<file>.zst   every file PostgreSQL archives
+//! ```
 
-use crate::StorageError;
+/// A name that is not one PostgreSQL archives.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?} is not the name of a file PostgreSQL archives")]
+pub struct InvalidWalName(pub String);
 
 /// The name of a file PostgreSQL hands to `archive_command`: a WAL segment,
 /// a partial segment (the last of a timeline a promotion ended), a timeline
@@ -10,7 +19,7 @@ use crate::StorageError;
 pub struct WalName(String);
 
 impl WalName {
-    pub fn parse(name: &str) -> Result<Self, StorageError> {
+    pub fn parse(name: &str) -> Result<Self, InvalidWalName> {
         let hex = |s: &str, len: usize| {
             s.len() == len && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'A'..=b'F'))
         };
@@ -26,7 +35,7 @@ impl WalName {
         if valid {
             Ok(Self(name.to_owned()))
         } else {
-            Err(StorageError::InvalidName(name.to_owned()))
+            Err(InvalidWalName(name.to_owned()))
         }
     }
 
