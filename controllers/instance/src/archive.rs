@@ -128,7 +128,9 @@ impl Archiver {
 
     /// Stores `name`, and starts uploading the files ready after it.
     pub async fn archive(&self, name: WalName) -> Result<(), String> {
-        if self.over_the_guard() {
+        let ready = self.ready_files();
+        self.pending(ready.len());
+        if self.over_the_guard(&ready) {
             self.drop_unstored(&name);
             return Ok(());
         }
@@ -139,7 +141,7 @@ impl Archiver {
                 Some(upload) if !matches!(upload.peek(), Some(Err(_))) => upload.clone(),
                 _ => self.start(&mut uploads, name.clone()),
             };
-            self.look_ahead(&mut uploads);
+            self.look_ahead(&mut uploads, ready);
             upload
         };
         let outcome = upload.await;
@@ -189,9 +191,7 @@ impl Archiver {
     }
 
     /// Starts uploads of the oldest ready files, up to `parallel` in all.
-    fn look_ahead(&self, uploads: &mut HashMap<String, Upload>) {
-        let ready = self.ready_files();
-        self.pending(ready.len());
+    fn look_ahead(&self, uploads: &mut HashMap<String, Upload>, ready: Vec<WalName>) {
         for name in ready {
             if uploads.len() >= self.parallel {
                 break;
@@ -204,12 +204,11 @@ impl Archiver {
     }
 
     /// More WAL waits than the guard allows.
-    fn over_the_guard(&self) -> bool {
+    fn over_the_guard(&self, ready: &[WalName]) -> bool {
         let Some(limit) = self.max_pending_bytes else {
             return false;
         };
-        let waiting: u64 = self
-            .ready_files()
+        let waiting: u64 = ready
             .iter()
             .filter_map(|name| std::fs::metadata(self.wal_dir.join(name.as_str())).ok())
             .map(|m| m.len())
