@@ -18,7 +18,7 @@ use cairn_storage::{Stored, WalArchive, WalName};
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use k8s_openapi::jiff::Timestamp;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 
 use crate::error::{Context, Error};
@@ -29,6 +29,9 @@ type Upload = Shared<BoxFuture<'static, Result<(), String>>>;
 
 /// How long the client waits for an answer before PostgreSQL retries.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(300);
+/// A request is one short line, sent at once.
+const REQUEST_LIMIT: u64 = 256;
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often the backlog metric is refreshed without requests.
 const BACKLOG_INTERVAL: Duration = Duration::from_secs(5);
 
@@ -95,22 +98,30 @@ impl Archiver {
         };
         tokio::spawn(backlog);
         loop {
-            let (stream, _) = listener
-                .accept()
-                .await
-                .context(|| format!("accepting on {}", socket.display()))?;
-            tokio::spawn(self.clone().answer(stream));
+            match listener.accept().await {
+                Ok((stream, _)) => {
+                    tokio::spawn(self.clone().answer(stream));
+                }
+                // Out of file descriptors, say: PostgreSQL retries the
+                // request; the database must not stop for it.
+                Err(e) => {
+                    tracing::warn!(socket = %socket.display(), "cannot accept a request: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
         }
     }
 
     async fn answer(self: Arc<Self>, stream: UnixStream) {
         let (read, mut write) = stream.into_split();
         let mut line = String::new();
-        if tokio::io::BufReader::new(read)
-            .read_line(&mut line)
-            .await
-            .is_err()
-        {
+        // One short line, soon: a client that sends neither holds nothing.
+        let mut reader = tokio::io::BufReader::new(read.take(REQUEST_LIMIT));
+        let request = reader.read_line(&mut line);
+        if !matches!(
+            tokio::time::timeout(REQUEST_TIMEOUT, request).await,
+            Ok(Ok(_))
+        ) {
             return;
         }
         let reply = match line.trim_end().strip_prefix("archive ") {
@@ -130,8 +141,18 @@ impl Archiver {
     pub async fn archive(&self, name: WalName) -> Result<(), String> {
         let ready = self.ready_files();
         self.pending(ready.len());
-        if self.over_the_guard(&ready) {
-            self.drop_unstored(&name);
+        // Only segments: history files and labels are small, and recovery
+        // across a timeline switch needs them.
+        if name.is_segment() && self.over_the_guard(&ready) {
+            let stored = self
+                .uploads
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(name.as_str())
+                .is_some_and(|upload| matches!(upload.peek(), Some(Ok(()))));
+            if !stored {
+                self.drop_unstored(&name)?;
+            }
             return Ok(());
         }
         let upload = {
@@ -149,6 +170,15 @@ impl Archiver {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(name.as_str());
+        // The condition follows the files PostgreSQL waits for, in order: a
+        // look-ahead upload neither hides nor raises a failure.
+        match &outcome {
+            Ok(()) => self.report(|archive| {
+                archive.last_stored = Some(format!("{:.0}", Timestamp::now()));
+                archive.failing = None;
+            }),
+            Err(reason) => self.report(|archive| archive.failing = Some(reason.clone())),
+        }
         outcome
     }
 
@@ -164,10 +194,6 @@ impl Archiver {
                     let metrics = &state.metrics;
                     metrics.archived.inc();
                     metrics.archive_last_success.set(now());
-                    report(&state, |archive| {
-                        archive.last_stored = Some(format!("{:.0}", Timestamp::now()));
-                        archive.failing = None;
-                    });
                     if let Stored::Uploaded { bytes, compressed } = stored {
                         tracing::debug!(file = %name, bytes, compressed, seconds = started.elapsed().as_secs_f64(), "WAL archived");
                     }
@@ -177,8 +203,9 @@ impl Archiver {
                     state.metrics.archive_failures.inc();
                     state.metrics.archive_last_failure.set(now());
                     tracing::warn!(file = %name, reason = e.reason(), "WAL archiving failed: {e}");
-                    report(&state, |archive| archive.failing = Some(e.to_string()));
-                    Err(e.to_string())
+                    // Without the object's key: the same fault reads the
+                    // same for every file, so the status does not churn.
+                    Err(e.summary())
                 }
             }
         }
@@ -192,6 +219,8 @@ impl Archiver {
 
     /// Starts uploads of the oldest ready files, up to `parallel` in all.
     fn look_ahead(&self, uploads: &mut HashMap<String, Upload>, ready: Vec<WalName>) {
+        // Failed ones hold no slot: they are tried again when asked for.
+        uploads.retain(|_, upload| !matches!(upload.peek(), Some(Err(_))));
         for name in ready {
             if uploads.len() >= self.parallel {
                 break;
@@ -216,18 +245,18 @@ impl Archiver {
         waiting > limit
     }
 
-    /// Acknowledges `name` without storing it, and records the gap.
-    fn drop_unstored(&self, name: &WalName) {
+    /// Acknowledges `name` without storing it, once the gap is recorded
+    /// durably (if it cannot be, the file waits like any other).
+    fn drop_unstored(&self, name: &WalName) -> Result<(), String> {
+        if !self.gap_file.exists() {
+            crate::files::write_atomically(&self.gap_file, name.as_str(), 0o600)
+                .map_err(|e| format!("cannot record the archive gap, so {name} is kept: {e}"))?;
+            let first = name.to_string();
+            self.report(|archive| archive.gap = Some(first));
+        }
         self.state.metrics.archive_dropped.inc();
         tracing::error!(file = %name, "more WAL waits to be archived than spec.backup.maxPendingWALSize allows: dropped without storing it; point-in-time recovery cannot cross this gap");
-        if self.gap_file.exists() {
-            return;
-        }
-        if let Err(e) = std::fs::write(&self.gap_file, name.as_str()) {
-            tracing::warn!(file = %self.gap_file.display(), "cannot record the archive gap: {e}");
-        }
-        let first = name.to_string();
-        self.report(|archive| archive.gap = Some(first));
+        Ok(())
     }
 
     fn count_backlog(&self) {
@@ -239,8 +268,10 @@ impl Archiver {
         self.report(|archive| archive.pending = files as u32);
     }
 
+    /// Changes what `/status` and the membership Lease say of archiving.
     fn report(&self, change: impl FnOnce(&mut WalArchiveState)) {
-        report(&self.state, change);
+        self.state
+            .update(|status| change(status.wal_archive.get_or_insert_default()));
     }
 
     /// Files PostgreSQL has marked ready to archive, oldest first.
@@ -257,11 +288,6 @@ impl Archiver {
         ready.sort_by(|a, b| a.as_str().cmp(b.as_str()));
         ready
     }
-}
-
-/// Changes what `/status` and the membership Lease say of archiving.
-fn report(state: &State, change: impl FnOnce(&mut WalArchiveState)) {
-    state.update(|status| change(status.wal_archive.get_or_insert_default()));
 }
 
 fn now() -> f64 {

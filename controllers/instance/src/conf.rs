@@ -63,6 +63,21 @@ pub fn postgresql_conf(controller_conf: &str, settings: &InstanceSettings) -> St
     conf
 }
 
+/// `archive_command`: this program as the client of the instance's
+/// archiver on `socket`. Paths are quoted for the shell PostgreSQL runs it
+/// with, and `%` doubled so PostgreSQL replaces only `%p`.
+pub fn archive_command(program: &Path, socket: &Path) -> String {
+    let shell = |path: &Path| {
+        let text = path.display().to_string().replace('%', "%%");
+        format!("'{}'", text.replace('\'', r"'\''"))
+    };
+    format!(
+        "{} wal-archive --socket {} %p",
+        shell(program),
+        shell(socket)
+    )
+}
+
 /// The physical replication slot an instance streams through: its pod name,
 /// in the letters a slot name may have (a-z, 0-9, _; at most 63).
 pub fn slot_name(pod: &str) -> String {
@@ -135,6 +150,18 @@ fn conninfo_value(value: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn archive_command_survives_the_shell_and_percent_expansion() {
+        let command = archive_command(
+            Path::new("/opt/it's 100%/cairn-instance"),
+            Path::new("/run/pg/wal-archive.sock"),
+        );
+        assert_eq!(
+            command,
+            r"'/opt/it'\''s 100%%/cairn-instance' wal-archive --socket '/run/pg/wal-archive.sock' %p"
+        );
+    }
 
     fn settings(primary_conninfo: Option<String>) -> InstanceSettings<'static> {
         InstanceSettings {

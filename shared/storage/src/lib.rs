@@ -42,6 +42,21 @@ pub enum StorageError {
 }
 
 impl StorageError {
+    /// The message without the object's key: the same fault reads the same
+    /// whichever file met it (for a condition that should not churn).
+    pub fn summary(&self) -> String {
+        match self {
+            Self::S3 {
+                operation, message, ..
+            } => format!("{operation}: {message}"),
+            Self::Conflict { .. } => "a different file is already stored under the same name \
+                (another cluster archiving to the same place?)"
+                .to_owned(),
+            Self::Corrupt { reason, .. } => format!("a stored file is damaged: {reason}"),
+            other => other.to_string(),
+        }
+    }
+
     /// A short, stable label for metrics and conditions.
     pub fn reason(&self) -> &'static str {
         match self {

@@ -59,7 +59,16 @@ impl WalArchive {
                 path: path.display().to_string(),
                 source,
             })?;
-        let sum = sha256(&content);
+        let bytes = content.len() as u64;
+        // Hashing and compressing 16 MiB is CPU work: off the async workers.
+        let (sum, compressed) = blocking(move || {
+            Ok((
+                sha256(&content),
+                zstd::bulk::compress(&content, ZSTD_LEVEL)?,
+            ))
+        })
+        .await
+        .map_err(|e| corrupt(&key, format!("cannot compress: {e}")))?;
         if let Some(stored) = self.stored_sum(&key).await? {
             return if stored == sum {
                 Ok(Stored::AlreadyThere)
@@ -67,10 +76,6 @@ impl WalArchive {
                 Err(StorageError::Conflict { key })
             };
         }
-        let bytes = content.len() as u64;
-        let compressed = blocking(move || zstd::bulk::compress(&content, ZSTD_LEVEL))
-            .await
-            .map_err(|e| corrupt(&key, format!("cannot compress: {e}")))?;
         let compressed_len = compressed.len() as u64;
         self.client
             .put_object()
@@ -119,11 +124,15 @@ impl WalArchive {
                 message: DisplayErrorContext(&e).to_string(),
             })?
             .into_bytes();
-        let content = blocking(move || zstd::stream::decode_all(compressed.as_ref()))
-            .await
-            .map_err(|e| corrupt(&key, format!("not zstd: {e}")))?;
+        let (content, sum) = blocking(move || {
+            let content = zstd::stream::decode_all(compressed.as_ref())?;
+            let sum = sha256(&content);
+            Ok((content, sum))
+        })
+        .await
+        .map_err(|e| corrupt(&key, format!("not zstd: {e}")))?;
         match expected {
-            Some(expected) if expected == sha256(&content) => {}
+            Some(expected) if expected == sum => {}
             Some(_) => return Err(corrupt(&key, "checksum mismatch".into())),
             None => return Err(corrupt(&key, "no checksum in its metadata".into())),
         }

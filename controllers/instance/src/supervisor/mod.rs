@@ -307,14 +307,16 @@ impl Supervisor {
 
     /// `archive_command` when the cluster has a backup destination: this
     /// program as a client of the archiver in this process.
-    fn archive_command(&self) -> Option<String> {
-        self.config.backup_bucket.as_ref()?;
-        let program = std::env::current_exe().ok()?;
-        Some(format!(
-            "{} wal-archive --socket {} %p",
-            program.display(),
-            self.config.wal_archive_socket().display()
-        ))
+    fn archive_command(&self) -> Result<Option<String>, Error> {
+        if self.config.backup_bucket.is_none() {
+            return Ok(None);
+        }
+        let program = std::env::current_exe()
+            .context(|| "finding this program for archive_command".to_owned())?;
+        Ok(Some(conf::archive_command(
+            &program,
+            &self.config.wal_archive_socket(),
+        )))
     }
 
     /// postgresql.conf in the data folder: the controller's, then this instance's.
@@ -346,7 +348,7 @@ impl Supervisor {
                 primary_slot_name,
                 ssl_cert_file: &self.tls.cert_file(),
                 ssl_key_file: &self.tls.key_file(),
-                archive_command: self.archive_command(),
+                archive_command: self.archive_command()?,
             },
         );
         write_atomically(&self.config.data_dir.join("postgresql.conf"), &text, 0o600)
