@@ -25,7 +25,40 @@ use crate::error::{Context, Error};
 use crate::state::State;
 
 /// The outcome of one upload, shared by everyone waiting for it.
-type Upload = Shared<BoxFuture<'static, Result<(), String>>>;
+type Upload = Shared<BoxFuture<'static, Result<(), ArchiveError>>>;
+
+/// Why a file was not archived (the instance's answer to the client).
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum ArchiveError {
+    /// The bucket refused or could not be reached: the storage error's
+    /// summary, free of the object's key.
+    #[error("{0}")]
+    Storage(String),
+    /// The guard would drop the file, but the gap could not be recorded.
+    #[error("cannot record the archive gap, so {file} is kept: {reason}")]
+    GapNotRecorded { file: String, reason: String },
+}
+
+/// Why `archive_command`'s client failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("{0}: not a WAL file")]
+    NotWal(String),
+    #[error("{socket}: {source} (is the instance running?)")]
+    Unreachable {
+        socket: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("no answer for {file}: {source}")]
+    NoAnswer {
+        file: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{file}: {reason}")]
+    Refused { file: String, reason: String },
+}
 
 /// How long the client waits for an answer before PostgreSQL retries.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -138,7 +171,7 @@ impl Archiver {
     }
 
     /// Stores `name`, and starts uploading the files ready after it.
-    pub async fn archive(&self, name: WalName) -> Result<(), String> {
+    pub async fn archive(&self, name: WalName) -> Result<(), ArchiveError> {
         let ready = self.ready_files();
         self.pending(ready.len());
         // Only segments: history files and labels are small, and recovery
@@ -177,7 +210,7 @@ impl Archiver {
                 archive.last_stored = Some(format!("{:.0}", Timestamp::now()));
                 archive.failing = None;
             }),
-            Err(reason) => self.report(|archive| archive.failing = Some(reason.clone())),
+            Err(e) => self.report(|archive| archive.failing = Some(e.to_string())),
         }
         outcome
     }
@@ -205,7 +238,7 @@ impl Archiver {
                     tracing::warn!(file = %name, reason = e.reason(), "WAL archiving failed: {e}");
                     // Without the object's key: the same fault reads the
                     // same for every file, so the status does not churn.
-                    Err(e.summary())
+                    Err(ArchiveError::Storage(e.summary()))
                 }
             }
         }
@@ -247,10 +280,14 @@ impl Archiver {
 
     /// Acknowledges `name` without storing it, once the gap is recorded
     /// durably (if it cannot be, the file waits like any other).
-    fn drop_unstored(&self, name: &WalName) -> Result<(), String> {
+    fn drop_unstored(&self, name: &WalName) -> Result<(), ArchiveError> {
         if !self.gap_file.exists() {
-            crate::files::write_atomically(&self.gap_file, name.as_str(), 0o600)
-                .map_err(|e| format!("cannot record the archive gap, so {name} is kept: {e}"))?;
+            crate::files::write_atomically(&self.gap_file, name.as_str(), 0o600).map_err(|e| {
+                ArchiveError::GapNotRecorded {
+                    file: name.to_string(),
+                    reason: e.to_string(),
+                }
+            })?;
             let first = name.to_string();
             self.report(|archive| archive.gap = Some(first));
         }
@@ -298,28 +335,39 @@ fn now() -> f64 {
 
 /// `archive_command`'s client: asks the instance listening on `socket` to
 /// store `file` (PostgreSQL's `%p`) and returns once it is stored.
-pub fn request(socket: &Path, file: &Path) -> Result<(), String> {
+pub fn request(socket: &Path, file: &Path) -> Result<(), ClientError> {
     let name = file
         .file_name()
         .and_then(|n| n.to_str())
-        .ok_or_else(|| format!("{}: not a WAL file", file.display()))?;
-    let mut stream = std::os::unix::net::UnixStream::connect(socket)
-        .map_err(|e| format!("{}: {e} (is the instance running?)", socket.display()))?;
+        .ok_or_else(|| ClientError::NotWal(file.display().to_string()))?;
+    let unreachable = |source| ClientError::Unreachable {
+        socket: socket.display().to_string(),
+        source,
+    };
+    let mut stream = std::os::unix::net::UnixStream::connect(socket).map_err(unreachable)?;
     stream
         .set_read_timeout(Some(CLIENT_TIMEOUT))
-        .map_err(|e| e.to_string())?;
+        .map_err(unreachable)?;
     stream
         .write_all(format!("archive {name}\n").as_bytes())
-        .map_err(|e| format!("{}: {e}", socket.display()))?;
+        .map_err(unreachable)?;
     let mut reply = String::new();
     BufReader::new(stream)
         .read_line(&mut reply)
-        .map_err(|e| format!("no answer for {name}: {e}"))?;
+        .map_err(|source| ClientError::NoAnswer {
+            file: name.to_owned(),
+            source,
+        })?;
     match reply.trim_end() {
         "ok" => Ok(()),
-        other => Err(format!(
-            "{name}: {}",
-            other.strip_prefix("error ").unwrap_or(other)
-        )),
+        // The instance went away mid-request (a restart): not stored.
+        "" => Err(ClientError::NoAnswer {
+            file: name.to_owned(),
+            source: std::io::ErrorKind::UnexpectedEof.into(),
+        }),
+        other => Err(ClientError::Refused {
+            file: name.to_owned(),
+            reason: other.strip_prefix("error ").unwrap_or(other).to_owned(),
+        }),
     }
 }
