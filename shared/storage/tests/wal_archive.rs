@@ -158,8 +158,23 @@ async fn a_damaged_object_is_refused() -> Result {
     Ok(())
 }
 
-fn tempdir() -> Result<std::path::PathBuf> {
+/// A folder of the test's own, removed when the test ends.
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn join(&self, name: impl AsRef<std::path::Path>) -> std::path::PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn tempdir() -> Result<TempDir> {
     let dir = std::env::temp_dir().join(format!("cairn-storage-{}", rand::random::<u64>()));
     std::fs::create_dir_all(&dir)?;
-    Ok(dir)
+    Ok(TempDir(dir))
 }
