@@ -134,10 +134,7 @@ impl Config {
     }
 
     pub fn credential(&self, key: &str) -> std::io::Result<String> {
-        let path = self.credentials_dir.join(key);
-        std::fs::read_to_string(&path)
-            .map(|s| s.trim_end_matches(['\n', '\r']).to_owned())
-            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+        secret_file(&self.credentials_dir, key)
     }
 
     /// Where WAL is archived, if the cluster has a backup destination.
@@ -145,12 +142,7 @@ impl Config {
         let Some(bucket) = &self.backup_bucket else {
             return Ok(None);
         };
-        let read = |key: &str| {
-            let path = self.backup_credentials_dir.join(key);
-            std::fs::read_to_string(&path)
-                .map(|s| s.trim().to_owned())
-                .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))
-        };
+        let read = |key: &str| secret_file(&self.backup_credentials_dir, key);
         Ok(Some(cairn_storage::S3Settings {
             endpoint: self.backup_endpoint.clone(),
             bucket: bucket.clone(),
@@ -173,4 +165,12 @@ impl Config {
             None => PathBuf::from(name),
         }
     }
+}
+
+/// One key of a mounted Secret, without the line end an editor may add.
+fn secret_file(dir: &std::path::Path, key: &str) -> std::io::Result<String> {
+    let path = dir.join(key);
+    std::fs::read_to_string(&path)
+        .map(|s| s.trim_end_matches(['\n', '\r']).to_owned())
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))
 }
