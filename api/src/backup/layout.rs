@@ -4,6 +4,9 @@
 //!
 //! ```text
 //! <prefix>/<cluster>/wal/<timeline>/<file>.zst   every file PostgreSQL archives
+//! <prefix>/<cluster>/base/<id>/data.tar.zst       a base backup (tar of PGDATA)
+//! <prefix>/<cluster>/base/<id>/manifest.json      written last: the backup is
+//!                                                 complete once it exists
 //! ```
 
 /// A name that is not one PostgreSQL archives.
@@ -60,6 +63,54 @@ impl std::fmt::Display for WalName {
     }
 }
 
+/// A name that cannot be a backup's id.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?} is not a backup id (lowercase letters, digits, '-' and '.', at most 253)")]
+pub struct InvalidBackupId(pub String);
+
+/// The id of a base backup in its cluster's folder: the Backup object's
+/// name and the start of its uid, so a Backup deleted and created again
+/// under the same name never meets the first one's files.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct BackupId(String);
+
+impl BackupId {
+    pub fn parse(id: &str) -> Result<Self, InvalidBackupId> {
+        let valid = !id.is_empty()
+            && id.len() <= 253
+            && id.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+            && id
+                .bytes()
+                .all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.'))
+            && !id.contains("..");
+        if valid {
+            Ok(Self(id.to_owned()))
+        } else {
+            Err(InvalidBackupId(id.to_owned()))
+        }
+    }
+
+    /// The id of the backup a Backup object asks for.
+    pub fn of_backup(name: &str, uid: &str) -> Result<Self, InvalidBackupId> {
+        let short: String = uid.chars().filter(|c| *c != '-').take(8).collect();
+        Self::parse(&format!("{name}-{short}"))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for BackupId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The files of a base backup's folder.
+pub const BASE_BACKUP_DATA: &str = "data.tar.zst";
+pub const BASE_BACKUP_MANIFEST: &str = "manifest.json";
+
 /// Where one cluster's files live in a bucket.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Layout {
@@ -86,6 +137,23 @@ impl Layout {
 
     pub fn wal(&self, name: &WalName) -> String {
         format!("{}{}/{}.zst", self.wal_root(), name.timeline(), name)
+    }
+
+    /// Every base backup of the cluster.
+    pub fn base_root(&self) -> String {
+        format!("{}base/", self.root)
+    }
+
+    /// The folder of one base backup.
+    pub fn base_backup(&self, id: &BackupId) -> String {
+        format!("{}{}/", self.base_root(), id)
+    }
+
+    /// The backup whose manifest a key is, if it is one.
+    pub fn manifest_of(&self, key: &str) -> Option<BackupId> {
+        let rest = key.strip_prefix(&self.base_root())?;
+        let id = rest.strip_suffix(&format!("/{BASE_BACKUP_MANIFEST}"))?;
+        BackupId::parse(id).ok()
     }
 
     /// The archived file a key holds, if it is one.
@@ -122,6 +190,27 @@ mod tests {
             "archive_status",
         ] {
             assert!(WalName::parse(name).is_err(), "{name}");
+        }
+    }
+
+    #[test]
+    fn backup_ids_stay_inside_the_clusters_folder() {
+        let id = BackupId::of_backup("nightly-20261126", "3f2a9c1e-77aa-4c1b-9d7e-0a1b2c3d4e5f")
+            .expect("id");
+        assert_eq!(id.as_str(), "nightly-20261126-3f2a9c1e");
+        let layout = Layout::new("backups", "orders");
+        assert_eq!(
+            layout.base_backup(&id),
+            "backups/orders/base/nightly-20261126-3f2a9c1e/"
+        );
+        let manifest = format!("{}{BASE_BACKUP_MANIFEST}", layout.base_backup(&id));
+        assert_eq!(layout.manifest_of(&manifest), Some(id.clone()));
+        assert_eq!(
+            layout.manifest_of(&format!("{}{BASE_BACKUP_DATA}", layout.base_backup(&id))),
+            None
+        );
+        for bad in ["", "../x", "a/b", "A", "-a", "a..b"] {
+            assert!(BackupId::parse(bad).is_err(), "{bad}");
         }
     }
 

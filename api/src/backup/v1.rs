@@ -6,7 +6,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::common::{Condition, LocalObjectReference, Time};
 
-/// One backup of a DatabaseCluster, made by a Job and stored in object storage.
+/// One backup of a DatabaseCluster, taken by one of its instances (a ready
+/// standby when there is one) and stored in object storage.
+///
+/// The backup controller assigns it to an instance in `status.instance`; the
+/// instance, which watches the Backups of its cluster (`spec.cluster.name` is
+/// a selectable field), takes it and reports progress in its membership
+/// Lease, the only object it writes; the controller reports that here.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "backup.cairn.dev",
@@ -18,9 +24,11 @@ use crate::common::{Condition, LocalObjectReference, Time};
     shortname = "bk",
     category = "cairn",
     validation = Rule::new(
-        "self.spec.cluster == oldSelf.spec.cluster && self.spec.method == oldSelf.spec.method && self.spec.destination == oldSelf.spec.destination && has(self.spec.deadlineSeconds) == has(oldSelf.spec.deadlineSeconds) && (!has(self.spec.deadlineSeconds) || self.spec.deadlineSeconds == oldSelf.spec.deadlineSeconds)"
+        "self.spec.cluster == oldSelf.spec.cluster && self.spec.method == oldSelf.spec.method && has(self.spec.destination) == has(oldSelf.spec.destination) && (!has(self.spec.destination) || self.spec.destination == oldSelf.spec.destination) && has(self.spec.deadlineSeconds) == has(oldSelf.spec.deadlineSeconds) && (!has(self.spec.deadlineSeconds) || self.spec.deadlineSeconds == oldSelf.spec.deadlineSeconds)"
     ).message("a Backup's cluster, method, destination and deadlineSeconds are immutable: create a new Backup instead"),
+    selectable = ".spec.cluster.name",
     printcolumn(name = "Cluster", type_ = "string", json_path = ".spec.cluster.name"),
+    printcolumn(name = "Instance", type_ = "string", json_path = ".status.instance"),
     printcolumn(name = "Method", type_ = "string", json_path = ".spec.method"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Size", type_ = "integer", json_path = ".status.sizeBytes"),
@@ -33,8 +41,11 @@ pub struct BackupSpec {
     /// `logical` (pg_dump of the application database) or `physical`
     /// (pg_basebackup of the whole instance).
     pub method: BackupMethod,
-    /// Where the backup is stored.
-    pub destination: BackupDestination,
+    /// Where the backup is stored; the cluster's `spec.backup.destination`
+    /// when unset (the only destination supported yet: its credentials are
+    /// the ones mounted in the instances).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destination: Option<BackupDestination>,
     /// Seconds the backup may run before it is failed, so a stuck backup
     /// does not stay Running forever. Default 3600.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -126,24 +137,44 @@ pub struct BackupStatus {
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// Pending, Running, Completed or Failed.
+    /// Pending, Running, Completed or Failed. Completed and Failed are final.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<BackupPhase>,
-    /// When the backup Job started.
+    /// The instance (pod) taking the backup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
+    /// The uid of that pod: a pod of the same name with another uid (the
+    /// instance was replaced) fails the backup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_uid: Option<String>,
+    /// When the backup was handed to the instance.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<Time>,
     /// When the backup completed or failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completed_at: Option<Time>,
-    /// Name of the Job that takes the backup.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub job_name: Option<String>,
-    /// URL of the stored backup, e.g. `s3://bucket/prefix/name.dump`.
+    /// URL of the stored backup's folder, e.g.
+    /// `s3://bucket/prefix/orders/base/<id>/`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub location: Option<String>,
-    /// Size of the stored backup in bytes.
+    /// The backup's id in the bucket's catalog.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup_id: Option<String>,
+    /// Timeline of the backup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<u32>,
+    /// WAL position where the backup starts (`X/Y`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub begin_lsn: Option<String>,
+    /// WAL position from which a restore of this backup is consistent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_lsn: Option<String>,
+    /// Size of the stored (compressed) backup in bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size_bytes: Option<i64>,
+    /// Seconds from the instance's start of the backup to its manifest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_seconds: Option<f64>,
     /// Why the backup failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,

@@ -109,6 +109,50 @@ pub struct ObservedState {
     /// with a backup destination).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wal_archive: Option<WalArchiveState>,
+    /// The base backup this instance was last asked to take.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<BackupProgress>,
+}
+
+/// A base backup as the instance taking it reports it. The backup
+/// controller copies it into the Backup's status; `Completed` is reported
+/// only once the backup's manifest is stored (the manifest is written last).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupProgress {
+    /// The Backup object's name and uid.
+    pub name: String,
+    pub uid: String,
+    pub phase: BackupProgressPhase,
+    /// The backup's id in the bucket's catalog.
+    pub id: String,
+    /// `s3://` URL of the backup's folder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub location: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub begin_lsn: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_lsn: Option<String>,
+    /// Compressed bytes stored so far (all of them once Completed).
+    #[serde(default)]
+    pub stored_bytes: u64,
+    /// From the start of the backup to its manifest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_milliseconds: Option<u64>,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Where an instance's backup stands.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BackupProgressPhase {
+    #[default]
+    Running,
+    Completed,
+    Failed,
 }
 
 /// WAL archiving as the instance last saw it.

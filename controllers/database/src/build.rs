@@ -366,6 +366,15 @@ pub fn instance_role(cluster: &DatabaseCluster) -> Role {
             // list and watch with resourceNames need a metadata.name field selector.
             rule("", "pods", &["get", "list", "watch"]),
             rule("coordination.k8s.io", "leases", &["get", "update", "patch"]),
+            // The Backups of the namespace, read only: an instance takes the
+            // one the backup controller assigned to it (by field selector on
+            // spec.cluster.name; RBAC cannot narrow a list to it).
+            PolicyRule {
+                api_groups: Some(vec![cairn_api::BACKUP_GROUP.to_owned()]),
+                resources: Some(vec!["backups".to_owned()]),
+                verbs: vec!["list".to_owned(), "watch".to_owned()],
+                ..PolicyRule::default()
+            },
         ]),
     }
 }

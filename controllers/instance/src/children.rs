@@ -187,6 +187,27 @@ impl Children {
         Ok(Output { exit, output })
     }
 
+    /// Starts `command` with its stdout and stderr piped to the caller, for
+    /// output too large to collect (a base backup's tar stream). Dropping
+    /// the result before its exit stops the command (SIGTERM).
+    pub fn spawn_piped(&self, command: &mut Command) -> std::io::Result<Piped> {
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let (mut std_child, child) = self.spawn_registered(command)?;
+        let missing = || std::io::Error::other("no pipe");
+        let stdout = std_child.stdout.take().ok_or_else(missing)?;
+        let stderr = std_child.stderr.take().ok_or_else(missing)?;
+        let guard = TerminateOnDrop(Some(child.signaller()));
+        Ok(Piped {
+            child,
+            stdout: Some(stdout),
+            stderr: Some(stderr),
+            guard,
+        })
+    }
+
     /// Orphans reaped so far (processes this one never started).
     pub fn orphans_reaped(&self) -> u64 {
         self.lock().orphans_reaped
@@ -220,6 +241,24 @@ impl Children {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Registry> {
         self.registry.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A child started by [`Children::spawn_piped`].
+pub struct Piped {
+    child: Child,
+    pub stdout: Option<std::process::ChildStdout>,
+    pub stderr: Option<std::process::ChildStderr>,
+    guard: TerminateOnDrop,
+}
+
+impl Piped {
+    /// Waits for the exit status (cancel-safe; cancelled, the child lives
+    /// on until this is dropped).
+    pub async fn wait(&mut self) -> Exit {
+        let exit = self.child.wait().await;
+        self.guard.0 = None;
+        exit
     }
 }
 

@@ -5,6 +5,7 @@
 //! what it observes.
 
 pub mod archive;
+pub mod backup;
 pub mod children;
 pub mod conf;
 pub mod config;

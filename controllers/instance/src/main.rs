@@ -5,6 +5,7 @@ use std::time::Duration;
 use std::path::PathBuf;
 
 use cairn_instance::archive::{self, Archiver};
+use cairn_instance::backup;
 use cairn_instance::children::Children;
 use cairn_instance::config::Config;
 use cairn_instance::membership::{self, Assignment, Heartbeat};
@@ -119,7 +120,8 @@ async fn run(config: Config) -> Result<(), StartError> {
     };
     let (done, finished) = watch::channel(false);
     let (assignment, assigned) = watch::channel(Assignment::default());
-    let (heartbeat, renewer) = start_membership(&config, &state, assignment, finished).await?;
+    let (heartbeat, renewer) =
+        start_membership(&config, &state, &children, assignment, finished).await?;
     let shutdown = async {
         tokio::select! {
             _ = terminate.recv() => tracing::info!("SIGTERM: stopping"),
@@ -161,11 +163,13 @@ fn wal_archiver(config: &Config, state: &Arc<State>) -> Result<Option<Arc<Archiv
     ))))
 }
 
-/// In a pod: the pod watch (the role) and the Lease renewal (the heartbeat).
-/// Outside one: the role file, and no heartbeat.
+/// In a pod: the pod watch (the role), the Lease renewal (the heartbeat)
+/// and, with a backup destination, the base backups the backup controller
+/// asks for. Outside one: the role file, no heartbeat, no base backups.
 async fn start_membership(
     config: &Config,
     state: &Arc<State>,
+    children: &Children,
     assignment: watch::Sender<Assignment>,
     done: watch::Receiver<bool>,
 ) -> Result<(Arc<Heartbeat>, Option<tokio::task::JoinHandle<()>>), StartError> {
@@ -189,6 +193,7 @@ async fn start_membership(
         .await
         .map_err(|e| format!("no Kubernetes client for the membership: {e}"))?;
     let heartbeat = Heartbeat::new(Duration::from_secs(config.fence_seconds));
+    start_backups(config, state, children, &client, &namespace, &name)?;
     tokio::spawn(membership::watch_pod(
         kube::Api::<Pod>::namespaced(client.clone(), &namespace),
         name.clone(),
@@ -203,4 +208,39 @@ async fn start_membership(
         done,
     ));
     Ok((heartbeat, Some(renewer)))
+}
+
+/// Base backups on request, when the cluster has a backup destination.
+fn start_backups(
+    config: &Config,
+    state: &Arc<State>,
+    children: &Children,
+    client: &kube::Client,
+    namespace: &str,
+    pod: &str,
+) -> Result<(), StartError> {
+    let (Some(settings), Some(cluster)) = (
+        config
+            .backup_destination()
+            .map_err(|e| format!("backup destination credentials: {e}"))?,
+        config.cluster.clone(),
+    ) else {
+        return Ok(());
+    };
+    let (requests, requested) = watch::channel(None);
+    tokio::spawn(backup::watch_requests(
+        kube::Api::namespaced(client.clone(), namespace),
+        cluster.clone(),
+        pod.to_owned(),
+        requests,
+    ));
+    let taker = backup::Taker {
+        config: Arc::new(config.clone()),
+        backups: cairn_storage::BaseBackups::new(&settings, &cluster),
+        cluster,
+        state: state.clone(),
+        children: children.clone(),
+    };
+    tokio::spawn(taker.run(requested));
+    Ok(())
 }

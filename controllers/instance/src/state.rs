@@ -4,7 +4,7 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use cairn_api::database::instance::{ObservedState, WalArchiveState};
+use cairn_api::database::instance::{BackupProgress, ObservedState, WalArchiveState};
 use serde::Serialize;
 use tokio::sync::watch;
 
@@ -59,6 +59,8 @@ pub struct Status {
     pub data_volume_bytes: Option<u64>,
     /// WAL archiving, when the cluster has a backup destination.
     pub wal_archive: Option<WalArchiveState>,
+    /// The base backup last requested of this instance.
+    pub backup: Option<BackupProgress>,
 }
 
 pub struct State {
@@ -101,6 +103,7 @@ impl State {
                     .then(|| status.last_error.clone().or_else(|| status.reason.clone()))
                     .flatten(),
                 wal_archive: status.wal_archive.clone(),
+                backup: status.backup.clone(),
             }
         };
         self.observed.send_if_modified(|current| {

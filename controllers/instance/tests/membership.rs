@@ -8,15 +8,12 @@ mod support;
 
 use std::time::Duration;
 
-use cairn_api::database::instance::{
-    BOOTSTRAP_ANNOTATION, OBSERVED_ANNOTATION, ObservedState, ROLE_LABEL,
-};
-use cairn_database_controller::build;
+use cairn_api::database::instance::{ObservedState, ROLE_LABEL};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
-use kube::{Api, Resource};
 use serde_json::{Value, json};
 use support::{Fixture, Result};
 
@@ -24,54 +21,23 @@ use support::{Fixture, Result};
 async fn an_instance_follows_its_pod_renews_its_lease_and_fences_itself() -> Result {
     let cluster = cairn_testing::cluster();
     let ns = cluster.namespace("instance-membership").await?;
-    // The controller's objects for cluster `orders`, moved into the test
-    // namespace without their owner (no DatabaseCluster here).
-    let database = support::cluster(&[])?;
-    let post = PostParams::default();
-    let mut account = build::service_account(&database);
-    let mut role = build::instance_role(&database);
-    let mut binding = build::instance_role_binding(&database);
-    let mut leases = build::member_leases(&database);
-    for meta in [account.meta_mut(), role.meta_mut(), binding.meta_mut()]
-        .into_iter()
-        .chain(leases.iter_mut().map(|l| l.meta_mut()))
-    {
-        meta.namespace = Some(ns.name.clone());
-        meta.owner_references = None;
-    }
-    for subject in binding.subjects.iter_mut().flatten() {
-        subject.namespace = Some(ns.name.clone());
-    }
-    ns.api::<ServiceAccount>().create(&post, &account).await?;
-    ns.api::<Role>().create(&post, &role).await?;
-    ns.api::<RoleBinding>().create(&post, &binding).await?;
-    for lease in &leases {
-        ns.api::<Lease>().create(&post, lease).await?;
-    }
     let pods: Api<Pod> = ns.api();
-    for (name, annotations) in [
-        ("orders-0", json!({ BOOTSTRAP_ANNOTATION: "initdb" })),
-        ("orders-1", json!({})),
-    ] {
-        let pod: Pod = serde_json::from_value(json!({
-            "metadata": { "name": name, "labels": { ROLE_LABEL: "primary" }, "annotations": annotations },
-            "spec": { "containers": [{ "name": "postgres", "image": "postgres:15" }] },
-        }))?;
-        pods.create(&post, &pod).await?;
-    }
+    let binding = support::membership_objects(&ns).await?;
+    support::instance_pods(
+        &pods,
+        &[
+            ("orders-0", "primary", true),
+            ("orders-1", "primary", false),
+        ],
+    )
+    .await?;
+    let post = PostParams::default();
 
     let mut fixture = Fixture::new("membership", &[])?;
-    let kubeconfig = fixture.root.join("kubeconfig");
-    std::fs::copy(
-        cluster.service_account_kubeconfig(&ns.name, "orders")?,
-        &kubeconfig,
-    )?;
-    fixture.own(&kubeconfig)?;
+    let kubeconfig = fixture.service_account_kubeconfig(&ns)?;
     let in_pod = |name: &str| -> Result<_> {
         Ok(fixture
-            .instance(name, "")?
-            .env("KUBECONFIG", &kubeconfig.display().to_string())
-            .env("POD_NAMESPACE", &ns.name)
+            .in_pod(name, &ns, &kubeconfig)?
             .env("CAIRN_HEARTBEAT_MILLISECONDS", "500")
             .env("CAIRN_FENCE_SECONDS", "3"))
     };
@@ -81,7 +47,7 @@ async fn an_instance_follows_its_pod_renews_its_lease_and_fences_itself() -> Res
     let primary = fixture.start(&in_pod("orders-0")?)?;
     primary.wait_ready(Duration::from_secs(60)).await?;
     let lease_api: Api<Lease> = ns.api();
-    let observed = until_observed(&lease_api, "orders-0", |o| o.ready).await?;
+    let observed = support::until_observed(&lease_api, "orders-0", |o| o.ready).await?;
     assert_eq!(observed.role.as_deref(), Some("primary"));
     assert_eq!(observed.timeline, Some(1));
     assert!(observed.server_version.is_some_and(|v| v.starts_with("15")));
@@ -171,33 +137,7 @@ async fn refused_is_reported(leases: &Api<Lease>) -> Result {
             .as_deref()
             .is_some_and(|p| p.contains("refusing to run initdb"))
     };
-    let observed = until_observed(leases, "orders-1", refused).await?;
+    let observed = support::until_observed(leases, "orders-1", refused).await?;
     assert!(!observed.ready);
     Ok(())
-}
-
-/// Polls Lease `name` until its observed state satisfies `check`.
-async fn until_observed(
-    leases: &Api<Lease>,
-    name: &str,
-    check: impl Fn(&ObservedState) -> bool,
-) -> Result<ObservedState> {
-    let start = std::time::Instant::now();
-    loop {
-        let lease = leases.get(name).await?;
-        let observed: Option<ObservedState> = lease
-            .metadata
-            .annotations
-            .unwrap_or_default()
-            .get(OBSERVED_ANNOTATION)
-            .map(|t| serde_json::from_str(t))
-            .transpose()?;
-        if let Some(observed) = observed.filter(|o| check(o)) {
-            return Ok(observed);
-        }
-        if start.elapsed() > Duration::from_secs(30) {
-            return Err(format!("Lease {name}: the observed state never matched").into());
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }

@@ -1,6 +1,6 @@
 //! Where Cairn keeps backups. One layout of a cluster's files in an S3
-//! bucket, shared by cairn-instance (which archives WAL and, later, takes
-//! base backups) and the backup controller (which reads the catalog from the
+//! bucket, shared by cairn-instance (which archives WAL and takes base
+//! backups) and the backup controller (which reads the catalog from the
 //! bucket: the bucket, not a controller's memory, is the truth).
 //!
 //! The layout itself is API surface ([`cairn_api::backup::layout`]).
@@ -9,10 +9,12 @@
 //! uncompressed content in its metadata (`x-amz-meta-sha256`), checked on
 //! every read, so a damaged object is refused instead of replayed.
 
+pub mod base;
 pub mod s3;
 pub mod wal;
 
-pub use cairn_api::backup::layout::{self, Layout, WalName};
+pub use base::{BaseBackups, Manifest, StoredFile};
+pub use cairn_api::backup::layout::{self, BackupId, Layout, WalName};
 pub use s3::S3Settings;
 pub use wal::{Stored, WalArchive};
 
@@ -21,6 +23,8 @@ pub use wal::{Stored, WalArchive};
 pub enum StorageError {
     #[error(transparent)]
     InvalidName(#[from] cairn_api::backup::layout::InvalidWalName),
+    #[error(transparent)]
+    InvalidBackupId(#[from] cairn_api::backup::layout::InvalidBackupId),
     #[error("{operation} {key}: {message}")]
     S3 {
         operation: &'static str,
@@ -60,7 +64,7 @@ impl StorageError {
     /// A short, stable label for metrics and conditions.
     pub fn reason(&self) -> &'static str {
         match self {
-            Self::InvalidName(_) => "InvalidName",
+            Self::InvalidName(_) | Self::InvalidBackupId(_) => "InvalidName",
             Self::S3 { .. } => "StorageUnavailable",
             Self::Conflict { .. } => "Conflict",
             Self::Corrupt { .. } => "Corrupt",

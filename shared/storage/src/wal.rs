@@ -215,7 +215,7 @@ async fn write_atomically(destination: &Path, content: &[u8]) -> Result<(), Stor
     tokio::fs::rename(&temporary, destination).await.map_err(io)
 }
 
-fn s3<E>(operation: &'static str, key: &str, error: E) -> StorageError
+pub(crate) fn s3<E>(operation: &'static str, key: &str, error: E) -> StorageError
 where
     E: std::error::Error + ProvideErrorMetadata,
 {
@@ -230,7 +230,7 @@ where
     }
 }
 
-fn corrupt(key: &str, reason: String) -> StorageError {
+pub(crate) fn corrupt(key: &str, reason: String) -> StorageError {
     StorageError::Corrupt {
         key: key.to_owned(),
         reason,

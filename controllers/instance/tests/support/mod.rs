@@ -16,13 +16,23 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use cairn_api::database::instance::{
+    BOOTSTRAP_ANNOTATION, BOOTSTRAP_INITDB, OBSERVED_ANNOTATION, ObservedState, ROLE_LABEL,
+};
 use cairn_api::database::v1::DatabaseCluster;
 use cairn_database_controller::build;
 use cairn_runtime::certs;
+use cairn_testing::TestNamespace;
 use cairn_testing::process::{free_address, http_get};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::PostParams;
+use kube::{Api, Resource};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
+use serde_json::json;
 use tokio::process::{Child, Command};
 
 pub type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -284,6 +294,179 @@ impl Fixture {
 }
 
 impl Fixture {
+    /// A kubeconfig of the instances' ServiceAccount (`orders`) in `ns`.
+    pub fn service_account_kubeconfig(&self, ns: &TestNamespace) -> Result<PathBuf> {
+        let kubeconfig = self.root.join("kubeconfig");
+        std::fs::copy(
+            cairn_testing::cluster().service_account_kubeconfig(&ns.name, "orders")?,
+            &kubeconfig,
+        )?;
+        self.own(&kubeconfig)?;
+        Ok(kubeconfig)
+    }
+
+    /// Instance `name` as if in pod `name` of `ns`: its role from the pod,
+    /// its heartbeat in its Lease, through the API as the instances'
+    /// ServiceAccount.
+    pub fn in_pod(
+        &self,
+        name: &str,
+        ns: &TestNamespace,
+        kubeconfig: &Path,
+    ) -> Result<InstanceSpec> {
+        Ok(self
+            .instance(name, "")?
+            .env("KUBECONFIG", &kubeconfig.display().to_string())
+            .env("POD_NAMESPACE", &ns.name))
+    }
+}
+
+/// The objects the database controller makes for cluster `orders`' instances
+/// (ServiceAccount, Role, RoleBinding, membership Leases), moved into `ns`
+/// without their owner (no DatabaseCluster here). Returns the RoleBinding.
+pub async fn membership_objects(ns: &TestNamespace) -> Result<RoleBinding> {
+    let database = cluster(&[])?;
+    let post = PostParams::default();
+    let mut account = build::service_account(&database);
+    let mut role = build::instance_role(&database);
+    let mut binding = build::instance_role_binding(&database);
+    let mut leases = build::member_leases(&database);
+    for meta in [account.meta_mut(), role.meta_mut(), binding.meta_mut()]
+        .into_iter()
+        .chain(leases.iter_mut().map(|l| l.meta_mut()))
+    {
+        meta.namespace = Some(ns.name.clone());
+        meta.owner_references = None;
+    }
+    for subject in binding.subjects.iter_mut().flatten() {
+        subject.namespace = Some(ns.name.clone());
+    }
+    ns.api::<ServiceAccount>().create(&post, &account).await?;
+    ns.api::<Role>().create(&post, &role).await?;
+    ns.api::<RoleBinding>().create(&post, &binding).await?;
+    for lease in &leases {
+        ns.api::<Lease>().create(&post, lease).await?;
+    }
+    Ok(binding)
+}
+
+/// Pods standing for instances: `(name, role label, bootstrap annotation)`.
+pub async fn instance_pods(pods: &Api<Pod>, instances: &[(&str, &str, bool)]) -> Result {
+    for (name, role, bootstrap) in instances {
+        let annotations = if *bootstrap {
+            json!({ BOOTSTRAP_ANNOTATION: BOOTSTRAP_INITDB })
+        } else {
+            json!({})
+        };
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": { "name": name, "labels": { ROLE_LABEL: role }, "annotations": annotations },
+            "spec": { "containers": [{ "name": "postgres", "image": "postgres:15" }] },
+        }))?;
+        pods.create(&PostParams::default(), &pod).await?;
+    }
+    Ok(())
+}
+
+/// Polls Lease `name` until its observed state satisfies `check`, for at
+/// most `timeout`.
+pub async fn until_observed(
+    leases: &Api<Lease>,
+    name: &str,
+    check: impl Fn(&ObservedState) -> bool,
+) -> Result<ObservedState> {
+    until_observed_within(leases, name, Duration::from_secs(30), check).await
+}
+
+pub async fn until_observed_within(
+    leases: &Api<Lease>,
+    name: &str,
+    timeout: Duration,
+    check: impl Fn(&ObservedState) -> bool,
+) -> Result<ObservedState> {
+    let start = Instant::now();
+    loop {
+        let lease = leases.get(name).await?;
+        let observed: Option<ObservedState> = lease
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .get(OBSERVED_ANNOTATION)
+            .map(|t| serde_json::from_str(t))
+            .transpose()?;
+        if let Some(observed) = observed.as_ref().filter(|o| check(o)) {
+            return Ok(observed.clone());
+        }
+        if start.elapsed() > timeout {
+            return Err(format!(
+                "Lease {name}: the observed state never matched; last: {observed:?}"
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+impl Fixture {
+    /// Starts a bare postgres (no instance) on a restored data folder, with
+    /// its own port and socket, no archiving and a trusting loopback, and
+    /// runs `query` (one count) in the application database once it opens.
+    pub async fn count_rows_in_folder(&self, folder: &Path, query: &str) -> Result<i64> {
+        for signal in ["standby.signal", "recovery.signal"] {
+            let _ = std::fs::remove_file(folder.join(signal));
+        }
+        let hba = folder.join("restore_hba.conf");
+        std::fs::write(&hba, "host all all 127.0.0.1/32 trust\n")?;
+        std::fs::set_permissions(folder, std::fs::Permissions::from_mode(0o700))?;
+        self.own(folder)?;
+        let port = free_address()?.port();
+        let mut command = Command::new(postgres_bindir().join("postgres"));
+        command
+            .arg("-D")
+            .arg(folder)
+            .args([
+                "-c",
+                &format!("port={port}"),
+                "-c",
+                "listen_addresses=127.0.0.1",
+            ])
+            .args(["-c", "archive_mode=off", "-c", "primary_conninfo="])
+            .arg("-c")
+            .arg(format!("unix_socket_directories={}", folder.display()))
+            .arg("-c")
+            .arg(format!("hba_file={}", hba.display()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(folder.with_extension("log"))?)
+            .kill_on_drop(true);
+        if let Some((uid, gid)) = self.user {
+            command.uid(uid).gid(gid);
+        }
+        let _server = command.spawn()?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let connected = tokio_postgres::Config::new()
+                .host("127.0.0.1")
+                .port(port)
+                .user("postgres")
+                .dbname(&self.credentials["database"])
+                .connect_timeout(Duration::from_secs(2))
+                .connect(tokio_postgres::NoTls)
+                .await;
+            match connected {
+                Ok((client, connection)) => {
+                    tokio::spawn(connection);
+                    return Ok(client.query_one(query, &[]).await?.get(0));
+                }
+                Err(e) if Instant::now() > deadline => {
+                    let log =
+                        std::fs::read_to_string(folder.with_extension("log")).unwrap_or_default();
+                    return Err(format!("the restored folder never opened: {e}\n{log}").into());
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    }
+
     /// Ends a test that passed: its folder is removed. Without this call
     /// (an error or a panic) the folder is kept and the logs' tails printed.
     pub fn passed(&mut self) -> Result {

@@ -1,0 +1,228 @@
+//! Base backups taken by a real instance on request, through the API server
+//! under the Role the database controller builds for instances: the test
+//! plays the backup controller (it assigns a Backup to a standby in the
+//! Backup's status), the standby streams pg_basebackup's tar into moto and
+//! reports in its Lease; the backup then really restores (a server started
+//! on the downloaded folder has the rows), and a bucket that fails midway
+//! ends in a reported failure with nothing in the catalog.
+
+mod support;
+
+use std::time::Duration;
+
+use cairn_api::backup::v1::Backup;
+use cairn_api::database::instance::{BackupProgressPhase, ObservedState};
+use cairn_storage::{BackupId, BaseBackups, S3Settings};
+use cairn_testing::faults::{Fault, FaultProxy, Rule};
+use cairn_testing::{TestNamespace, cluster, s3};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use support::{Fixture, Result};
+
+async fn new_bucket() -> Result<String> {
+    let bucket = format!("base-{}", rand::random::<u32>());
+    s3::client(cluster().s3_endpoint())
+        .create_bucket()
+        .bucket(&bucket)
+        .send()
+        .await?;
+    Ok(bucket)
+}
+
+fn base_backups(bucket: &str) -> BaseBackups {
+    BaseBackups::new(
+        &S3Settings {
+            endpoint: Some(cluster().s3_endpoint().to_owned()),
+            bucket: bucket.to_owned(),
+            region: None,
+            prefix: String::new(),
+            access_key_id: "testing".into(),
+            secret_access_key: "testing".into(),
+        },
+        "orders",
+    )
+}
+
+/// Sets a Backup's phase, as the backup controller does.
+async fn set_phase(ns: &TestNamespace, name: &str, phase: &str) -> Result {
+    let status = json!({
+        "apiVersion": "backup.cairn.dev/v1", "kind": "Backup",
+        "status": { "phase": phase },
+    });
+    ns.api::<Backup>()
+        .patch_status(
+            name,
+            &PatchParams::apply("backup-test").force(),
+            &Patch::Apply(&status),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Creates Backup `name` of cluster `orders` and hands it to `instance`, as
+/// the backup controller does.
+async fn assign_backup(ns: &TestNamespace, name: &str, instance: &str) -> Result<Backup> {
+    let backups: Api<Backup> = ns.api();
+    let backup: Backup = serde_json::from_value(json!({
+        "apiVersion": "backup.cairn.dev/v1", "kind": "Backup",
+        "metadata": { "name": name },
+        "spec": { "cluster": { "name": "orders" }, "method": "physical" },
+    }))?;
+    let backup = backups.create(&PostParams::default(), &backup).await?;
+    let status = json!({
+        "apiVersion": "backup.cairn.dev/v1", "kind": "Backup",
+        "status": { "phase": "Running", "instance": instance, "startedAt": k8s_openapi::jiff::Timestamp::now() },
+    });
+    backups
+        .patch_status(
+            name,
+            &PatchParams::apply("backup-test").force(),
+            &Patch::Apply(&status),
+        )
+        .await?;
+    Ok(backup)
+}
+
+fn reports(backup: &Backup, phase: BackupProgressPhase) -> impl Fn(&ObservedState) -> bool {
+    let uid = backup.uid().unwrap_or_default();
+    move |o: &ObservedState| {
+        o.backup
+            .as_ref()
+            .is_some_and(|b| b.uid == uid && b.phase == phase)
+    }
+}
+
+#[tokio::test]
+async fn a_standby_backs_up_on_request_and_the_backup_restores() -> Result {
+    let ns = cluster().namespace("instance-backups").await?;
+    cairn_testing::crds::install(
+        &ns.client,
+        &cairn_api::crds::for_chart("cairn-backup-controller"),
+    )
+    .await?;
+    let pods: Api<Pod> = ns.api();
+    support::membership_objects(&ns).await?;
+    support::instance_pods(
+        &pods,
+        &[
+            ("orders-0", "primary", true),
+            ("orders-1", "replica", false),
+        ],
+    )
+    .await?;
+    let mut fixture = Fixture::new("backups", &[])?;
+    let kubeconfig = fixture.service_account_kubeconfig(&ns)?;
+    let bucket = new_bucket().await?;
+    let proxy = FaultProxy::start(cluster().s3_endpoint()).await?;
+    let spec = fixture.in_pod("orders-0", &ns, &kubeconfig)?;
+    let primary = fixture.start(&fixture.archiving_to(spec, &proxy.url(), &bucket)?)?;
+    primary.wait_ready(Duration::from_secs(60)).await?;
+    let spec = fixture
+        .in_pod("orders-1", &ns, &kubeconfig)?
+        .following(&primary);
+    let standby = fixture.start(&fixture.archiving_to(spec, &proxy.url(), &bucket)?)?;
+    standby.wait_ready(Duration::from_secs(60)).await?;
+
+    let app = primary.app().await?;
+    app.batch_execute(
+        "CREATE TABLE orders (id int PRIMARY KEY, note text);
+         INSERT INTO orders SELECT i, md5(i::text) FROM generate_series(1, 50000) i;",
+    )
+    .await?;
+    let leases: Api<Lease> = ns.api();
+    support::until_observed(&leases, "orders-1", |o| {
+        o.wal_position.is_some() && o.wal_position == o.received_position
+    })
+    .await?;
+
+    let backup = assign_backup(&ns, "nightly", "orders-1").await?;
+    let observed = support::until_observed_within(
+        &leases,
+        "orders-1",
+        Duration::from_secs(120),
+        reports(&backup, BackupProgressPhase::Completed),
+    )
+    .await?;
+    let progress = observed.backup.expect("reported");
+    println!("base backup from the standby: {progress:?}");
+    assert_eq!(progress.timeline, Some(1));
+    assert!(progress.begin_lsn.is_some() && progress.end_lsn.is_some());
+    assert!(progress.stored_bytes > 0);
+    assert_eq!(
+        progress.location.as_deref(),
+        Some(format!("s3://{bucket}/orders/base/{}/", progress.id).as_str())
+    );
+
+    // The catalog, read from the bucket, has it; the tar restores.
+    let catalog = base_backups(&bucket).catalog().await?;
+    assert_eq!(catalog.len(), 1, "{catalog:?}");
+    assert_eq!(catalog[0].backup_name, "nightly");
+    assert_eq!(
+        catalog[0].end_lsn,
+        progress.end_lsn.clone().unwrap_or_default()
+    );
+    let restored = fixture.root.join("restored");
+    download_and_extract(&bucket, &catalog[0], &restored).await?;
+    fixture.own(&restored)?;
+    let rows = fixture
+        .count_rows_in_folder(&restored, "SELECT count(*) FROM orders")
+        .await?;
+    assert_eq!(rows, 50000);
+
+    set_phase(&ns, "nightly", "Completed").await?;
+
+    // The bucket fails midway (every part upload, after the upload began): the
+    // backup is reported failed with the reason, and nothing is complete
+    // in the catalog.
+    proxy.inject(Rule::every(Fault::Unreachable, |seen| {
+        seen.method == "PUT" && seen.target.contains("partNumber=")
+    }));
+    app.batch_execute(
+        "INSERT INTO orders SELECT i, md5(i::text) FROM generate_series(50001, 60000) i;",
+    )
+    .await?;
+    let second = assign_backup(&ns, "broken", "orders-1").await?;
+    let observed = support::until_observed_within(
+        &leases,
+        "orders-1",
+        Duration::from_secs(120),
+        reports(&second, BackupProgressPhase::Failed),
+    )
+    .await?;
+    let error = observed.backup.and_then(|b| b.error).unwrap_or_default();
+    println!("bucket unreachable midway: {error}");
+    assert!(error.contains("UploadPart"), "{error}");
+    proxy.heal();
+    let id = BackupId::of_backup("broken", &second.uid().unwrap_or_default())?;
+    assert_eq!(base_backups(&bucket).manifest(&id).await?, None);
+    assert_eq!(base_backups(&bucket).catalog().await?.len(), 1);
+    drop((standby, primary));
+    fixture.passed()
+}
+
+/// Downloads a backup's tar and unpacks it into `folder`, as a restore
+/// will.
+async fn download_and_extract(
+    bucket: &str,
+    manifest: &cairn_storage::Manifest,
+    folder: &std::path::Path,
+) -> Result {
+    std::fs::create_dir_all(folder)?;
+    let tar = folder.with_extension("tar");
+    let file = std::fs::File::create(&tar)?;
+    base_backups(bucket)
+        .download(&BackupId::parse(&manifest.id)?, &manifest.files[0], file)
+        .await?;
+    let status = std::process::Command::new("tar")
+        .arg("-xf")
+        .arg(&tar)
+        .arg("-C")
+        .arg(folder)
+        .status()?;
+    assert!(status.success(), "tar: {status}");
+    std::fs::remove_file(&tar)?;
+    Ok(())
+}

@@ -1,0 +1,493 @@
+//! Base backups of one cluster: a tar stream uploaded zstd-compressed as a
+//! multipart upload, then a manifest with every file's size and checksum,
+//! written last. A backup is complete when, and only when, its manifest
+//! exists: the catalog is the list of manifests, read from the bucket.
+
+use std::io::{Read, Write};
+
+use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+use futures::stream::{FuturesUnordered, StreamExt};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+
+use crate::layout::{BASE_BACKUP_MANIFEST, BackupId};
+use crate::wal::{corrupt, s3};
+use crate::{Layout, S3Settings, StorageError};
+
+/// zstd level of base backups: a data folder compresses well at level 3,
+/// and a higher level costs more CPU than the network saves.
+const ZSTD_LEVEL: i32 = 3;
+/// Parts of a multipart upload: S3 takes at most 10,000, so the size grows
+/// by steps (8 MiB for the first 80 GB of compressed data).
+const FIRST_PART: usize = 8 << 20;
+/// Parts compressed ahead of the upload, and parts in flight: memory stays
+/// under (queued + in flight) × part size.
+const PARTS_QUEUED: usize = 2;
+const PARTS_IN_FLIGHT: usize = 4;
+
+/// What a backup's manifest records: enough to restore it, verify it and
+/// list it without reading anything else.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Manifest {
+    pub id: String,
+    pub cluster: String,
+    /// The Backup object it was taken for.
+    pub backup_name: String,
+    pub backup_uid: String,
+    pub timeline: u32,
+    /// WAL position where the backup starts, and where a restore of it
+    /// becomes consistent (`X/Y`).
+    pub begin_lsn: String,
+    pub end_lsn: String,
+    /// RFC 3339.
+    pub started_at: String,
+    pub completed_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_version: Option<String>,
+    pub files: Vec<StoredFile>,
+}
+
+impl Manifest {
+    /// Compressed bytes stored.
+    pub fn stored_bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.compressed_bytes).sum()
+    }
+}
+
+/// One file of a backup's folder.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StoredFile {
+    /// Its name in the folder (`data.tar.zst`).
+    pub name: String,
+    /// Uncompressed size and SHA-256 of the uncompressed content.
+    pub bytes: u64,
+    pub sha256: String,
+    pub compressed_bytes: u64,
+}
+
+/// One cluster's base backups in a bucket.
+#[derive(Clone, Debug)]
+pub struct BaseBackups {
+    client: aws_sdk_s3::Client,
+    bucket: String,
+    layout: Layout,
+}
+
+impl BaseBackups {
+    pub fn new(settings: &S3Settings, cluster: &str) -> Self {
+        Self {
+            client: settings.client(),
+            bucket: settings.bucket.clone(),
+            layout: Layout::new(&settings.prefix, cluster),
+        }
+    }
+
+    /// `s3://bucket/<cluster's folder>/base/<id>/`.
+    pub fn location(&self, id: &BackupId) -> String {
+        format!("s3://{}/{}", self.bucket, self.layout.base_backup(id))
+    }
+
+    /// Uploads everything `source` yields as file `name` of backup `id`,
+    /// compressed, while `source` is still being produced (a pipe from
+    /// pg_basebackup); `progress` hears the compressed bytes stored so far.
+    /// Nothing is visible under the key until the whole stream is stored.
+    pub async fn upload(
+        &self,
+        id: &BackupId,
+        name: &str,
+        source: impl Read + Send + 'static,
+        progress: impl Fn(u64) + Send,
+    ) -> Result<StoredFile, StorageError> {
+        let key = format!("{}{name}", self.layout.base_backup(id));
+        let upload = self
+            .client
+            .create_multipart_upload()
+            .bucket(&self.bucket)
+            .key(&key)
+            .send()
+            .await
+            .map_err(|e| s3("CreateMultipartUpload", &key, e))?;
+        let upload_id = upload.upload_id().unwrap_or_default().to_owned();
+        let stored = self.upload_parts(&key, &upload_id, source, progress).await;
+        let (parts, file) = match stored {
+            Ok(stored) => stored,
+            Err(e) => {
+                // Best effort: an upload left incomplete is invisible but
+                // billed until a lifecycle rule removes it.
+                let _ = self
+                    .client
+                    .abort_multipart_upload()
+                    .bucket(&self.bucket)
+                    .key(&key)
+                    .upload_id(&upload_id)
+                    .send()
+                    .await;
+                return Err(e);
+            }
+        };
+        self.client
+            .complete_multipart_upload()
+            .bucket(&self.bucket)
+            .key(&key)
+            .upload_id(&upload_id)
+            .multipart_upload(
+                CompletedMultipartUpload::builder()
+                    .set_parts(Some(parts))
+                    .build(),
+            )
+            .send()
+            .await
+            .map_err(|e| s3("CompleteMultipartUpload", &key, e))?;
+        Ok(StoredFile {
+            name: name.to_owned(),
+            ..file
+        })
+    }
+
+    /// Compresses `source` on a blocking thread into parts, uploaded a few
+    /// at a time as they come.
+    async fn upload_parts(
+        &self,
+        key: &str,
+        upload_id: &str,
+        source: impl Read + Send + 'static,
+        progress: impl Fn(u64) + Send,
+    ) -> Result<(Vec<CompletedPart>, StoredFile), StorageError> {
+        let (parts_tx, mut parts_rx) = mpsc::channel::<Vec<u8>>(PARTS_QUEUED);
+        let compressing =
+            tokio::task::spawn_blocking(move || compress_into_parts(source, parts_tx));
+        let mut in_flight = FuturesUnordered::new();
+        let mut completed = Vec::new();
+        let (mut number, mut stored) = (0, 0u64);
+        loop {
+            tokio::select! {
+                part = parts_rx.recv(), if in_flight.len() < PARTS_IN_FLIGHT => {
+                    let Some(part) = part else { break };
+                    number += 1;
+                    in_flight.push(self.upload_part(key, upload_id, number, part));
+                }
+                Some(done) = in_flight.next() => {
+                    let (part, bytes): (CompletedPart, u64) = done?;
+                    stored += bytes;
+                    progress(stored);
+                    completed.push(part);
+                }
+            }
+        }
+        while let Some(done) = in_flight.next().await {
+            let (part, bytes) = done?;
+            stored += bytes;
+            progress(stored);
+            completed.push(part);
+        }
+        let (bytes, sha256) = compressing
+            .await
+            .map_err(|e| io(key, std::io::Error::other(e)))?
+            .map_err(|e| io(key, e))?;
+        completed.sort_by_key(|p| p.part_number());
+        Ok((
+            completed,
+            StoredFile {
+                name: String::new(),
+                bytes,
+                sha256,
+                compressed_bytes: stored,
+            },
+        ))
+    }
+
+    async fn upload_part(
+        &self,
+        key: &str,
+        upload_id: &str,
+        number: i32,
+        part: Vec<u8>,
+    ) -> Result<(CompletedPart, u64), StorageError> {
+        let bytes = part.len() as u64;
+        let uploaded = self
+            .client
+            .upload_part()
+            .bucket(&self.bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .part_number(number)
+            .content_length(bytes as i64)
+            .body(ByteStream::from(part))
+            .send()
+            .await
+            .map_err(|e| s3("UploadPart", key, e))?;
+        let part = CompletedPart::builder()
+            .part_number(number)
+            .set_e_tag(uploaded.e_tag().map(str::to_owned))
+            .build();
+        Ok((part, bytes))
+    }
+
+    /// Stores the manifest: from now on the backup is complete.
+    pub async fn write_manifest(&self, manifest: &Manifest) -> Result<(), StorageError> {
+        let id = BackupId::parse(&manifest.id)?;
+        let key = format!("{}{BASE_BACKUP_MANIFEST}", self.layout.base_backup(&id));
+        let body = serde_json::to_vec_pretty(manifest).map_err(|e| corrupt(&key, e.to_string()))?;
+        self.client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(&key)
+            .content_type("application/json")
+            .body(ByteStream::from(body))
+            .send()
+            .await
+            .map_err(|e| s3("PutObject", &key, e))?;
+        Ok(())
+    }
+
+    /// The manifest of backup `id`; `None` while the backup is not complete.
+    pub async fn manifest(&self, id: &BackupId) -> Result<Option<Manifest>, StorageError> {
+        let key = format!("{}{BASE_BACKUP_MANIFEST}", self.layout.base_backup(id));
+        let object = match self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(&key)
+            .send()
+            .await
+        {
+            Ok(object) => object,
+            Err(e) if e.as_service_error().is_some_and(|e| e.is_no_such_key()) => {
+                return Ok(None);
+            }
+            Err(e) => return Err(s3("GetObject", &key, e)),
+        };
+        let body = object
+            .body
+            .collect()
+            .await
+            .map_err(|e| corrupt(&key, e.to_string()))?
+            .into_bytes();
+        serde_json::from_slice(&body)
+            .map(Some)
+            .map_err(|e| corrupt(&key, format!("not a manifest: {e}")))
+    }
+
+    /// Every complete backup of the cluster, oldest first.
+    pub async fn catalog(&self) -> Result<Vec<Manifest>, StorageError> {
+        let root = self.layout.base_root();
+        let mut pages = self
+            .client
+            .list_objects_v2()
+            .bucket(&self.bucket)
+            .prefix(&root)
+            .into_paginator()
+            .send();
+        let mut ids = Vec::new();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| s3("ListObjectsV2", &root, e))?;
+            ids.extend(
+                page.contents()
+                    .iter()
+                    .filter_map(|o| self.layout.manifest_of(o.key()?)),
+            );
+        }
+        let mut manifests = Vec::with_capacity(ids.len());
+        for id in ids {
+            manifests.extend(self.manifest(&id).await?);
+        }
+        manifests.sort_by(|a, b| a.completed_at.cmp(&b.completed_at));
+        Ok(manifests)
+    }
+
+    /// Writes the uncompressed content of a backup's file to `sink`,
+    /// refusing it (after the fact: the sink must be thrown away) when its
+    /// size or checksum differs from the manifest's.
+    pub async fn download(
+        &self,
+        id: &BackupId,
+        file: &StoredFile,
+        sink: impl Write + Send + 'static,
+    ) -> Result<(), StorageError> {
+        let key = format!("{}{}", self.layout.base_backup(id), file.name);
+        let object = self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(&key)
+            .send()
+            .await
+            .map_err(|e| s3("GetObject", &key, e))?;
+        let (chunks_tx, chunks_rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(PARTS_QUEUED);
+        let decoding = tokio::task::spawn_blocking(move || decompress(chunks_rx, sink));
+        let mut body = object.body;
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| corrupt(&key, e.to_string()))?;
+            if chunks_tx.send(chunk.to_vec()).is_err() {
+                break; // the decoder stopped: its error says why
+            }
+        }
+        drop(chunks_tx);
+        let (bytes, sha256) = decoding
+            .await
+            .map_err(|e| io(&key, std::io::Error::other(e)))?
+            .map_err(|e| corrupt(&key, format!("cannot decompress: {e}")))?;
+        if bytes != file.bytes || sha256 != file.sha256 {
+            return Err(corrupt(
+                &key,
+                format!(
+                    "content differs from the manifest ({bytes} bytes, sha256 {sha256}; the manifest says {} bytes, sha256 {})",
+                    file.bytes, file.sha256
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Removes backup `id`: the manifest first, so a deletion cut short
+    /// leaves an incomplete backup, never a complete-looking one.
+    pub async fn delete(&self, id: &BackupId) -> Result<(), StorageError> {
+        let folder = self.layout.base_backup(id);
+        let manifest = format!("{folder}{BASE_BACKUP_MANIFEST}");
+        self.delete_key(&manifest).await?;
+        let mut pages = self
+            .client
+            .list_objects_v2()
+            .bucket(&self.bucket)
+            .prefix(&folder)
+            .into_paginator()
+            .send();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| s3("ListObjectsV2", &folder, e))?;
+            for key in page.contents().iter().filter_map(|o| o.key()) {
+                self.delete_key(key).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn delete_key(&self, key: &str) -> Result<(), StorageError> {
+        self.client
+            .delete_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await
+            .map_err(|e| s3("DeleteObject", key, e))?;
+        Ok(())
+    }
+}
+
+/// Reads `source` to its end, compressing it into parts of growing size
+/// sent to `parts`; returns the uncompressed size and SHA-256.
+fn compress_into_parts(
+    mut source: impl Read,
+    parts: mpsc::Sender<Vec<u8>>,
+) -> std::io::Result<(u64, String)> {
+    let mut encoder = zstd::stream::write::Encoder::new(Vec::new(), ZSTD_LEVEL)?;
+    let mut hash = Sha256::new();
+    let (mut bytes, mut sent) = (0u64, 0usize);
+    let mut buffer = vec![0; 1 << 20];
+    let gone = || std::io::Error::other("the upload stopped");
+    loop {
+        let read = match source.read(&mut buffer) {
+            Ok(0) => break,
+            Ok(read) => read,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        hash.update(&buffer[..read]);
+        bytes += read as u64;
+        encoder.write_all(&buffer[..read])?;
+        if encoder.get_ref().len() >= part_size(sent) {
+            let part = std::mem::take(encoder.get_mut());
+            parts.blocking_send(part).map_err(|_| gone())?;
+            sent += 1;
+        }
+    }
+    let last = encoder.finish()?;
+    parts.blocking_send(last).map_err(|_| gone())?;
+    Ok((bytes, hex::encode(hash.finalize())))
+}
+
+/// The size of part `index` (from 0): 8 MiB, doubled every 1,000 parts.
+fn part_size(index: usize) -> usize {
+    FIRST_PART << (index / 1000).min(6)
+}
+
+fn decompress(
+    chunks: std::sync::mpsc::Receiver<Vec<u8>>,
+    sink: impl Write,
+) -> std::io::Result<(u64, String)> {
+    let mut counted = Hashing {
+        inner: sink,
+        hash: Sha256::new(),
+        bytes: 0,
+    };
+    let mut decoder = zstd::stream::write::Decoder::new(&mut counted)?;
+    for chunk in chunks {
+        decoder.write_all(&chunk)?;
+    }
+    decoder.flush()?;
+    drop(decoder);
+    counted.inner.flush()?;
+    Ok((counted.bytes, hex::encode(counted.hash.finalize())))
+}
+
+/// A writer that hashes and counts what passes through.
+struct Hashing<W> {
+    inner: W,
+    hash: Sha256,
+    bytes: u64,
+}
+
+impl<W: Write> Write for Hashing<W> {
+    fn write(&mut self, buffer: &[u8]) -> std::io::Result<usize> {
+        let written = self.inner.write(buffer)?;
+        self.hash.update(&buffer[..written]);
+        self.bytes += written as u64;
+        Ok(written)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+fn io(key: &str, source: std::io::Error) -> StorageError {
+    StorageError::Io {
+        path: key.to_owned(),
+        source,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_grow_so_that_ten_thousand_hold_two_terabytes_compressed() {
+        assert_eq!(part_size(0), 8 << 20);
+        assert_eq!(part_size(999), 8 << 20);
+        assert_eq!(part_size(1000), 16 << 20);
+        let capacity: u64 = (0..10_000).map(|i| part_size(i) as u64).sum();
+        assert!(capacity > 2 << 40, "{capacity}");
+    }
+
+    #[test]
+    fn compressed_parts_decompress_to_the_source_and_its_checksum() {
+        let source: Vec<u8> = (0..(3 << 20)).map(|i: u32| (i % 251) as u8).collect();
+        let (tx, mut rx) = mpsc::channel(100);
+        let (bytes, sum) = compress_into_parts(source.as_slice(), tx).expect("compress");
+        assert_eq!(bytes, source.len() as u64);
+        assert_eq!(sum, hex::encode(Sha256::digest(&source)));
+        let (chunks_tx, chunks_rx) = std::sync::mpsc::sync_channel(100);
+        while let Ok(part) = rx.try_recv() {
+            chunks_tx.send(part).expect("send");
+        }
+        drop(chunks_tx);
+        let mut out = Vec::new();
+        let (n, sum2) = decompress(chunks_rx, &mut out).expect("decompress");
+        assert_eq!((n, sum2), (bytes, sum));
+        assert_eq!(out, source);
+    }
+}
