@@ -3,10 +3,10 @@
 # real nodes, three kwok nodes and the moto fake AWS (hack/local-cluster.sh),
 # reusing it if it already runs; builds the images (hack/images.sh) and gives
 # them to the nodes; installs every chart with Helm (the database and cloud
-# controllers run in pods in namespace cairn-system, watching cairn-samples;
-# the backup chart ships its CRDs); creates a sample of every kind in
-# cairn-samples, the DatabaseCluster's PostgreSQL running on the real nodes,
-# the ProviderConfig pointing at moto (with the DnsRecord's zone made there).
+# controllers run in pods in namespace cairn-system, watching cairn-samples);
+# creates a sample of every kind in cairn-samples, the DatabaseCluster's
+# PostgreSQL running on the real nodes and archiving to a bucket in moto, the
+# ProviderConfig pointing at moto (with the DnsRecord's zone made there).
 # Prints how to use it.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -29,36 +29,41 @@ kubectl label --overwrite namespace "$CONTROLLER_NAMESPACE" \
   pod-security.kubernetes.io/enforce=restricted pod-security.kubernetes.io/enforce-version=latest >/dev/null
 
 # The sample DnsRecord's hosted zone, made in moto once, before the
-# cloud controller starts (a missing zone is terminal until the spec changes).
+# cloud controller starts (a missing zone is terminal until the spec changes),
+# and the sample DatabaseCluster's backup bucket.
 "$("$CAIRN_ROOT/hack/moto-venv.sh")/bin/python" - "$CAIRN_S3_ENDPOINT" <<'PY'
 import sys, boto3
 route53 = boto3.client("route53", endpoint_url=sys.argv[1], region_name="us-east-1",
                        aws_access_key_id="testing", aws_secret_access_key="testing")
 if not any(z["Name"] == "example.com." for z in route53.list_hosted_zones()["HostedZones"]):
     route53.create_hosted_zone(Name="example.com", CallerReference="cairn-samples")
+s3 = boto3.client("s3", endpoint_url=sys.argv[1], region_name="us-east-1",
+                  aws_access_key_id="testing", aws_secret_access_key="testing")
+if "acme-db-backups" not in [b["Name"] for b in s3.list_buckets()["Buckets"]]:
+    s3.create_bucket(Bucket="acme-db-backups")
 PY
 # A new image under the same tag must reach the running pods: the release
 # records the image's digest, so a rebuilt image rolls the Deployment.
 log "installing the charts"
-for chart in cairn-database-controller cairn-cloud-controller; do
+for chart in cairn-database-controller cairn-cloud-controller cairn-backup-controller; do
   digest=$(sha256sum "$images/ghcr.io_cairn-dev_$chart.tar" | cut -c1-12)
   helm upgrade --install "$chart" "$CAIRN_ROOT/charts/$chart" \
     --namespace "$CONTROLLER_NAMESPACE" --set watchNamespace="$SAMPLES" --set image.pullPolicy=Never \
     --set-string podAnnotations.cairn\\.dev/image-archive="$digest" --wait --timeout 3m >/dev/null
 done
-helm upgrade --install cairn-backup-controller "$CAIRN_ROOT/charts/cairn-backup-controller" \
-  --namespace "$CONTROLLER_NAMESPACE" >/dev/null
 
 # The samples as they are, but for the DatabaseCluster's PostgreSQL version
 # and storage (here the one database image is Debian 12's PostgreSQL 15, and
 # local-path volumes are the ones a non-root pod can write) and the
-# ProviderConfig's endpoint: moto, with its fixed test credentials.
-kubectl -n "$SAMPLES" create secret generic aws-credentials --from-literal=AWS_ACCESS_KEY_ID=testing \
-  --from-literal=AWS_SECRET_ACCESS_KEY=testing --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+# S3 endpoints: moto, with its fixed test credentials.
+for secret in aws-credentials backup-credentials; do
+  kubectl -n "$SAMPLES" create secret generic "$secret" --from-literal=AWS_ACCESS_KEY_ID=testing \
+    --from-literal=AWS_SECRET_ACCESS_KEY=testing --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+done
 for sample in "$CAIRN_ROOT"/config/samples/*.yaml; do
   echo "---"
   case $sample in
-    *databasecluster*) sed -e 's/version: "17"/version: "15"/' -e 's/^  storage:$/  storage:\n    storageClassName: local-path/' -e 's/size: 10Gi/size: 1Gi/' "$sample" ;;
+    *databasecluster*) sed -e 's/version: "17"/version: "15"/' -e "s|endpoint: https://s3.eu-west-1.amazonaws.com|endpoint: $CAIRN_S3_ENDPOINT|" -e 's/^  storage:$/  storage:\n    storageClassName: local-path/' -e 's/size: 10Gi/size: 1Gi/' "$sample" ;;
     *providerconfig*) sed -e "s|^  region: .*|&\n  endpoint: $CAIRN_S3_ENDPOINT|" "$sample" ;;
     *) cat "$sample" ;;
   esac
@@ -72,7 +77,7 @@ Cairn local cluster is up: Kubernetes $KUBERNETES_VERSION, $CAIRN_REAL_NODES rea
   export KUBECONFIG=$KUBECONFIG
   export PATH=$CAIRN_BIN:\$PATH      # the pinned kubectl and helm
   kubectl get nodes -L type,topology.kubernetes.io/zone
-  kubectl -n $CONTROLLER_NAMESPACE get pods        # the database and cloud controllers, installed by their charts
+  kubectl -n $CONTROLLER_NAMESPACE get pods        # the database, cloud and backup controllers, installed by their charts
   kubectl -n $SAMPLES get cairn                    # one sample of every Cairn kind
   kubectl -n $SAMPLES get dbc,pods,pvc,services    # the sample cluster's PostgreSQL (Ready in about a minute)
 
@@ -83,7 +88,9 @@ Cairn local cluster is up: Kubernetes $KUBERNETES_VERSION, $CAIRN_REAL_NODES rea
   the sample DnsRecord a record set in moto's hosted zone example.com:
     kubectl -n $SAMPLES get objectbucket,dnsrecord,providerconfig; kubectl -n $SAMPLES get secret backups-bucket
 
-  (the backup controller is not built yet; the Backup samples are not reconciled)
+  the sample Backup, a base backup taken by a standby of orders into moto's bucket acme-db-backups:
+    kubectl -n $SAMPLES get backups     # Completed once the cluster is Ready; status has its WAL range and size
+  (BackupSchedules are not reconciled yet)
 
   rebuild and roll the controller after a change:  hack/dev-up.sh
   logs of each component:  $STATE/logs/     stop it:  hack/local-cluster.sh down

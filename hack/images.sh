@@ -5,9 +5,9 @@
 #
 #   hack/images.sh node        the images the cluster itself needs (pod sandbox
 #                              pause, the volume helper); prints their folder
-#   hack/images.sh workspace   cairn-instance's database image and the database
-#                              and cloud controllers' images, from release
-#                              builds; prints their folder
+#   hack/images.sh workspace   cairn-instance's database image and the database,
+#                              backup and cloud controllers' images, from
+#                              release builds; prints their folder
 #
 # Bases are cached by their recipe, images by base and binary, so a changed
 # binary costs one layer (seconds). The images keep what the Dockerfiles say
@@ -130,7 +130,7 @@ node_images() {
 
 workspace_images() {
   log "building the release binaries for the images"
-  cargo build --release --locked --quiet -p cairn-instance -p cairn-database-controller -p cairn-cloud-controller
+  cargo build --release --locked --quiet -p cairn-instance -p cairn-database-controller -p cairn-backup-controller -p cairn-cloud-controller
   local release=$CARGO_TARGET_DIR/release version
   version=$(cargo metadata --no-deps --format-version 1 --locked |
     python3 -c 'import json,sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "cairn-database-controller"))')
@@ -158,7 +158,7 @@ workspace_images() {
     mkdir -p "$1/tmp" "$1/home/nonroot" && chmod 1777 "$1/tmp" && chown 65532:65532 "$1/home/nonroot"
     rm -rf "$1/usr/share/doc" "$1/usr/share/man" "$1/usr/share/locale"')
   local binary
-  for binary in cairn-database-controller cairn-cloud-controller; do
+  for binary in cairn-database-controller cairn-backup-controller cairn-cloud-controller; do
     image workspace "ghcr.io/cairn-dev/$binary:$version" --config.user 65532:65532 --config.entrypoint /controller -- \
       "$runtime" "$release/$binary=/controller"
     check_like_dockerfile "$CAIRN_ROOT/Dockerfile" "$IMAGES/workspace/ghcr.io_cairn-dev_$binary.tar"

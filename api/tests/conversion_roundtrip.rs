@@ -83,6 +83,7 @@ prop_compose! {
         bootstrap in option::of(prop_oneof![
             (word(), word()).prop_map(|(d, o)| json!({ "initdb": { "database": d, "owner": o } })),
             word().prop_map(|b| json!({ "fromBackup": { "name": b } })),
+            word().prop_map(|b| json!({ "fromBackup": { "name": b, "recoveryTarget": { "lsn": "0/3000060" } } })),
         ]),
         paused in any::<bool>(),
         failover in option::of((6i32..600, option::of(0i64..1_000_000))),

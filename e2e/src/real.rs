@@ -46,13 +46,14 @@ pub async fn install_controller(ns: &TestNamespace) -> Result {
 
 /// `helm install` of the controller `chart`, watching this namespace, its
 /// images never pulled; returns once both replicas are available. The
-/// release is named after the namespace: its ClusterRole is cluster-scoped.
+/// release is named `<namespace>-<chart>`: its ClusterRole is
+/// cluster-scoped, and a namespace may hold several controllers' releases.
 pub async fn install_chart(ns: &TestNamespace, chart: &str) -> Result {
     let watch = format!("watchNamespace={}", ns.name);
     cluster()
         .helm_install(
             chart,
-            &ns.name,
+            &format!("{}-{chart}", ns.name),
             &ns.name,
             &["--set", &watch, "--set", "image.pullPolicy=Never"],
         )

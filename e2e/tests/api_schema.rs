@@ -3,7 +3,7 @@
 //! kubectl shows the kinds well (`explain`, `get cairn`).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use cairn_testing::{TestNamespace, cluster, wait};
@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 type Result = std::result::Result<(), Box<dyn std::error::Error>>;
 
 fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    cairn_testing::repo_root()
 }
 
 /// The samples of `config/samples`, by kind.

@@ -139,6 +139,11 @@ impl Layout {
         format!("{}{}/{}.zst", self.wal_root(), name.timeline(), name)
     }
 
+    /// The cluster's folder, `<prefix>/<cluster>/`.
+    pub fn root(&self) -> &str {
+        &self.root
+    }
+
     /// Every base backup of the cluster.
     pub fn base_root(&self) -> String {
         format!("{}base/", self.root)

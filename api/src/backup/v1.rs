@@ -162,7 +162,7 @@ pub struct BackupStatus {
     pub backup_id: Option<String>,
     /// Timeline of the backup.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timeline: Option<u32>,
+    pub timeline: Option<i64>,
     /// WAL position where the backup starts (`X/Y`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub begin_lsn: Option<String>,

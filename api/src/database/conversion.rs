@@ -73,6 +73,8 @@ struct StatusExtras {
     last_failover: Option<v1::FailoverRecord>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     last_switchover: Option<v1::SwitchoverRecord>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    restored_from: Option<v1::RestoredFrom>,
     /// v1 had a status with none of v1alpha1's fields set.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     empty_endpoints: bool,
@@ -136,6 +138,7 @@ pub fn to_v1alpha1(
                 initialized: status.initialized,
                 last_failover: status.last_failover,
                 last_switchover: status.last_switchover,
+                restored_from: status.restored_from,
                 empty_endpoints,
             };
             keep(&mut metadata, STATUS_ANNOTATION, &extras)?;
@@ -191,6 +194,7 @@ pub fn to_v1(cluster: v1alpha1::DatabaseCluster) -> Result<v1::DatabaseCluster, 
             initialized: status_extras.initialized,
             last_failover: status_extras.last_failover,
             last_switchover: status_extras.last_switchover,
+            restored_from: status_extras.restored_from,
         }
     });
     let mut converted = v1::DatabaseCluster::new(

@@ -12,6 +12,15 @@
 
 use serde::{Deserialize, Serialize};
 
+/// `app.kubernetes.io/name` of every object the database controller makes
+/// for a cluster (pods and membership Leases included), with
+/// `app.kubernetes.io/instance` the cluster's name.
+pub const APP_NAME: &str = "postgresql";
+/// `app.kubernetes.io/component` of the membership Leases.
+pub const MEMBERSHIP_COMPONENT: &str = "membership";
+/// The label giving the cluster an instance's pod and Lease belong to.
+pub const CLUSTER_LABEL: &str = "app.kubernetes.io/instance";
+
 /// The label the controller sets on each instance pod: `primary` or `replica`.
 /// The `-rw` and `-ro` Services select on it; cairn-instance watches its own
 /// pod to learn its role.
@@ -25,12 +34,16 @@ pub const OBSERVED_ANNOTATION: &str = "database.cairn.dev/observed";
 /// the primary; the instance then never runs as a primary until the
 /// controller assigns it the role again (and removes the annotation).
 pub const FENCED_ANNOTATION: &str = "database.cairn.dev/fenced";
-/// Pod annotation (`"initdb"`) the controller sets on the first primary of a
-/// cluster that was never initialised. Without it, an instance assigned the
-/// primary role with an empty data folder refuses to run initdb: the data
+/// Pod annotation (`"initdb"`, or `"restore"` for a cluster bootstrapped from
+/// a backup) the controller sets on the first primary of a cluster that was
+/// never initialised. Without it, an instance assigned the primary role with
+/// an empty data folder refuses to run initdb: the data
 /// lives on in the replicas, and the controller fails over to one of them.
 pub const BOOTSTRAP_ANNOTATION: &str = "database.cairn.dev/bootstrap";
 pub const BOOTSTRAP_INITDB: &str = "initdb";
+/// The bootstrap annotation's value on the first primary of a cluster
+/// bootstrapped from a backup: it restores the backup (never initdb).
+pub const BOOTSTRAP_RESTORE: &str = "restore";
 /// How often an instance renews its membership Lease (its heartbeat).
 pub const HEARTBEAT_MILLISECONDS: u64 = 2000;
 /// Environment of the instance container: a primary that could not renew its
@@ -109,6 +122,12 @@ pub struct ObservedState {
     /// with a backup destination).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wal_archive: Option<WalArchiveState>,
+    /// Where this instance stores backups (`s3://<bucket>/<cluster's
+    /// folder>`), when it has a backup destination: the backup controller
+    /// hands a backup only to an instance whose destination is the
+    /// cluster's current one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup_destination: Option<String>,
     /// The base backup this instance was last asked to take.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup: Option<BackupProgress>,

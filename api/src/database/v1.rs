@@ -7,7 +7,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::common::{Condition, LocalObjectReference, Time};
+use crate::common::{Condition, Time};
 
 /// The annotation a user sets on a DatabaseCluster to the pod that should
 /// become the primary: `kubectl annotate dbc NAME database.cairn.dev/switchover-to=POD`.
@@ -370,9 +370,49 @@ pub struct BootstrapSpec {
     /// Create a new, empty database.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub initdb: Option<InitdbSpec>,
-    /// Restore the data of a Backup of this namespace.
+    /// Restore a completed Backup of this namespace, then replay its
+    /// cluster's archived WAL up to a recovery target. The backup and the WAL
+    /// are read from this cluster's `spec.backup.destination` (the same
+    /// bucket and prefix as the source's, with the same credentials); the
+    /// restored cluster starts a new timeline and archives to its own folder.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub from_backup: Option<LocalObjectReference>,
+    pub from_backup: Option<FromBackupSpec>,
+}
+
+/// Which Backup to restore, and how far to replay the WAL after it.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct FromBackupSpec {
+    /// The Backup (of this namespace, phase Completed).
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// Where replay stops; all the archived WAL when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery_target: Option<RecoveryTarget>,
+}
+
+/// A point to recover to: at most one of these.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("[has(self.time), has(self.lsn), has(self.name), has(self.endOfBackup) && self.endOfBackup].filter(x, x).size() <= 1")
+    .message("recoveryTarget: set at most one of time, lsn, name and endOfBackup"))]
+pub struct RecoveryTarget {
+    /// Commits up to this time (RFC 3339, e.g. "2026-11-26T03:00:00Z") are
+    /// restored, none after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<Time>,
+    /// Replay up to this WAL position, e.g. "0/3000060".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$"))]
+    pub lsn: Option<String>,
+    /// Replay up to a restore point made with `pg_create_restore_point`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub name: Option<String>,
+    /// Stop as soon as the backup is consistent (its end), replaying no
+    /// more of the archive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_of_backup: Option<bool>,
 }
 
 /// A new database, created by initdb.
@@ -448,6 +488,26 @@ pub struct DatabaseClusterStatus {
     /// annotation `database.cairn.dev/switchover-to: <pod>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_switchover: Option<SwitchoverRecord>,
+    /// For a cluster bootstrapped from a backup: the backup it restores,
+    /// recorded before anything is created and kept for good (the Backup
+    /// object may go afterwards).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored_from: Option<RestoredFrom>,
+}
+
+/// The backup a cluster was restored from.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RestoredFrom {
+    /// The Backup object.
+    pub backup: String,
+    /// The cluster it was taken of: its folder holds the backup and the WAL
+    /// replayed after it.
+    pub cluster: String,
+    /// The backup's id in that folder's catalog.
+    pub backup_id: String,
+    /// `s3://` URL of the backup.
+    pub location: String,
 }
 
 /// A switchover: the primary demoted, then the target promoted once it

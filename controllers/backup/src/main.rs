@@ -2,11 +2,26 @@
 
 use std::process::ExitCode;
 
-fn main() -> ExitCode {
-    eprintln!(
-        "cairn-backup-controller {}: reconciles {} (not implemented yet; see the project issues)",
-        env!("CARGO_PKG_VERSION"),
-        cairn_backup_controller::GROUP
-    );
-    ExitCode::FAILURE
+use cairn_backup_controller::wiring;
+use cairn_runtime::Allocator;
+use cairn_runtime::config::Config;
+use cairn_runtime::manager::{BuildInfo, Manager};
+
+#[global_allocator]
+static ALLOCATOR: Allocator = Allocator;
+
+const INFO: BuildInfo = cairn_runtime::build_info!("backup");
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    run().await.unwrap_or_else(|e| {
+        eprintln!("cairn-backup-controller: cannot start: {e}");
+        ExitCode::FAILURE
+    })
+}
+
+async fn run() -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let mut manager = Manager::start(INFO, Config::load()).await?;
+    let controllers = wiring::controllers(&mut manager)?;
+    Ok(manager.run_all(controllers).await)
 }

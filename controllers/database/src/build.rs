@@ -26,7 +26,8 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
 
 /// `app.kubernetes.io/name` of every child.
-pub const APP_NAME: &str = "postgresql";
+pub use cairn_api::database::instance::APP_NAME;
+use cairn_api::database::instance::MEMBERSHIP_COMPONENT;
 pub use cairn_api::database::instance::{ROLE_LABEL, ROLE_PRIMARY, ROLE_REPLICA};
 /// Pod-template annotation: a digest of the settings that need a restart, so
 /// changing one rolls the pods and changing any other does not.
@@ -387,7 +388,7 @@ pub fn member_leases(cluster: &DatabaseCluster) -> Vec<Lease> {
     pod_names(cluster)
         .into_iter()
         .map(|pod| Lease {
-            metadata: metadata(cluster, &pod, "membership"),
+            metadata: metadata(cluster, &pod, MEMBERSHIP_COMPONENT),
             spec: None,
         })
         .collect()
@@ -633,6 +634,7 @@ fn instance_container(cluster: &DatabaseCluster) -> Container {
             ]
             .into_iter()
             .chain(archive_env(cluster))
+            .chain(restore_env(cluster))
             .collect(),
         ),
         ports: Some(vec![
@@ -709,6 +711,56 @@ fn archive_env(cluster: &DatabaseCluster) -> Vec<EnvVar> {
         Some(EnvVar {
             name: name.to_owned(),
             value: Some(value?.clone()),
+            ..EnvVar::default()
+        })
+    })
+    .collect()
+}
+
+/// What the first primary of a cluster bootstrapped from a backup restores:
+/// the source recorded in the status (before the StatefulSet is made, and
+/// never changed after, so the pods never roll for it) and the spec's
+/// recovery target.
+fn restore_env(cluster: &DatabaseCluster) -> Vec<EnvVar> {
+    let Some(source) = cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.restored_from.as_ref())
+    else {
+        return Vec::new();
+    };
+    let target = cluster
+        .spec
+        .bootstrap
+        .as_ref()
+        .and_then(|b| b.from_backup.as_ref())
+        .and_then(|f| f.recovery_target.as_ref());
+    let time = target
+        .and_then(|t| t.time.as_ref())
+        .map(|t| t.0.to_string());
+    let end_of_backup = target
+        .and_then(|t| t.end_of_backup)
+        .filter(|end| *end)
+        .map(|_| "true".to_owned());
+    [
+        ("CAIRN_RESTORE_CLUSTER", Some(source.cluster.clone())),
+        ("CAIRN_RESTORE_BACKUP_ID", Some(source.backup_id.clone())),
+        ("CAIRN_RESTORE_TARGET_TIME", time),
+        (
+            "CAIRN_RESTORE_TARGET_LSN",
+            target.and_then(|t| t.lsn.clone()),
+        ),
+        (
+            "CAIRN_RESTORE_TARGET_NAME",
+            target.and_then(|t| t.name.clone()),
+        ),
+        ("CAIRN_RESTORE_TARGET_END_OF_BACKUP", end_of_backup),
+    ]
+    .into_iter()
+    .filter_map(|(name, value)| {
+        Some(EnvVar {
+            name: name.to_owned(),
+            value: Some(value?),
             ..EnvVar::default()
         })
     })
@@ -850,8 +902,11 @@ mod tests {
         let granted: Vec<_> = rules
             .iter()
             .map(|r| {
-                assert_eq!(r.resource_names.as_deref(), Some(&names[..]));
-                (r.resources.clone().unwrap_or_default(), r.verbs.clone())
+                (
+                    r.resources.clone().unwrap_or_default(),
+                    r.verbs.clone(),
+                    r.resource_names.clone(),
+                )
             })
             .collect();
         assert_eq!(
@@ -859,11 +914,19 @@ mod tests {
             [
                 (
                     vec!["pods".to_owned()],
-                    vec!["get".into(), "list".into(), "watch".into()]
+                    vec!["get".into(), "list".into(), "watch".into()],
+                    Some(names.to_vec())
                 ),
                 (
                     vec!["leases".to_owned()],
-                    vec!["get".into(), "update".into(), "patch".into()]
+                    vec!["get".into(), "update".into(), "patch".into()],
+                    Some(names.to_vec())
+                ),
+                // Read only; the Backups of the namespace (see the rule).
+                (
+                    vec!["backups".to_owned()],
+                    vec!["list".into(), "watch".into()],
+                    None
                 ),
             ]
         );
@@ -937,6 +1000,43 @@ mod tests {
             "orders-0\norders-1\n",
             "orders-2's slot may go"
         );
+    }
+
+    #[test]
+    fn a_restored_cluster_tells_its_instances_the_recorded_source_and_the_target() {
+        let mut cluster = crate::fixtures::archiving(crate::fixtures::cluster(1, &[]));
+        cluster.spec.bootstrap = Some(
+            serde_json::from_value(serde_json::json!({ "fromBackup": { "name": "nightly",
+                "recoveryTarget": { "time": "2026-11-26T03:00:00Z" } } }))
+            .expect("bootstrap"),
+        );
+        let env = |cluster: &DatabaseCluster| -> BTreeMap<String, Option<String>> {
+            restore_env(cluster)
+                .into_iter()
+                .map(|e| (e.name, e.value))
+                .collect()
+        };
+        assert!(
+            env(&cluster).is_empty(),
+            "nothing before the source is recorded"
+        );
+        cluster.status = Some(
+            serde_json::from_value(serde_json::json!({ "restoredFrom": {
+            "backup": "nightly", "cluster": "orders", "backupId": "nightly-0a1b2c3d",
+            "location": "s3://wal/shop/orders/base/nightly-0a1b2c3d/" } }))
+            .expect("status"),
+        );
+        let env = env(&cluster);
+        assert_eq!(env["CAIRN_RESTORE_CLUSTER"].as_deref(), Some("orders"));
+        assert_eq!(
+            env["CAIRN_RESTORE_BACKUP_ID"].as_deref(),
+            Some("nightly-0a1b2c3d")
+        );
+        assert_eq!(
+            env["CAIRN_RESTORE_TARGET_TIME"].as_deref(),
+            Some("2026-11-26T03:00:00Z")
+        );
+        assert_eq!(env.len(), 3);
     }
 
     #[test]

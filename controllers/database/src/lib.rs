@@ -12,6 +12,7 @@ pub mod failover;
 mod fixtures;
 pub mod metrics;
 pub mod reconcile;
+pub mod restore;
 pub mod rollout;
 pub mod status;
 pub mod switchover;

@@ -6,7 +6,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use cairn_api::database::instance::{BOOTSTRAP_ANNOTATION, BOOTSTRAP_INITDB, FENCED_ANNOTATION};
+use cairn_api::database::instance::{
+    BOOTSTRAP_ANNOTATION, BOOTSTRAP_INITDB, BOOTSTRAP_RESTORE, FENCED_ANNOTATION,
+};
 use cairn_api::database::v1::{
     DatabaseCluster, DatabaseClusterStatus, FailoverRecord, SwitchoverRecord,
 };
@@ -38,6 +40,7 @@ use crate::build::{self, Names, ROLE_LABEL, ROLE_PRIMARY, ROLE_REPLICA};
 use crate::error::Error;
 use crate::failover::{self, Decision, Member, Policy, Quorum};
 use crate::metrics::ClusterMetrics;
+use crate::restore;
 use crate::rollout;
 use crate::status::{
     self, CONTINUOUS_ARCHIVING, DEGRADED, Instances, PROGRESSING, READY, Switching,
@@ -216,15 +219,34 @@ pub async fn reconcile(cluster: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Resu
         write_status(&ctx, &cluster, observed).await?;
         return Err(Error::InvalidSpec(message));
     }
-    if let Some(message) = unsupported_bootstrap(&cluster) {
-        let refused = status::refused(
-            &cluster,
-            status::reason::RESTORE_NOT_SUPPORTED,
-            &message,
-            &now,
-        );
-        write_status(&ctx, &cluster, refused).await?;
-        return Ok(Recheck::AfterResync);
+    match restore::source(&ctx, &cluster).await? {
+        restore::Source::Recorded => {}
+        // Recorded first: the children are built from the status's record.
+        restore::Source::Found(source) => {
+            let mut observed = status::waiting(
+                &cluster,
+                status::reason::CREATING,
+                &format!("restoring Backup {:?} ({})", source.backup, source.location),
+                &now,
+            );
+            observed.restored_from = Some(source);
+            write_status(&ctx, &cluster, observed).await?;
+            return Ok(Recheck::Within(Duration::from_millis(100)));
+        }
+        restore::Source::Waiting { reason, message } => {
+            write_status(
+                &ctx,
+                &cluster,
+                status::waiting(&cluster, reason, &message, &now),
+            )
+            .await?;
+            return Ok(Recheck::Within(Duration::from_secs(10)));
+        }
+        restore::Source::Refused { reason, message } => {
+            let refused = status::refused(&cluster, reason, &message, &now);
+            write_status(&ctx, &cluster, refused).await?;
+            return Ok(Recheck::AfterResync);
+        }
     }
     if cluster.spec.paused {
         write_status(&ctx, &cluster, status::paused(&cluster, &now)).await?;
@@ -416,18 +438,6 @@ async fn keep_serving(
     status::failover(observed, cluster, roles.last_failover, roles.waiting, now);
     observed.last_switchover = roles.switching.record;
     Ok(())
-}
-
-/// `bootstrap.fromBackup` cannot be honoured yet: running initdb instead
-/// would report an empty database as the restored one.
-fn unsupported_bootstrap(cluster: &DatabaseCluster) -> Option<String> {
-    let source = cluster.spec.bootstrap.as_ref()?.from_backup.as_ref()?;
-    Some(format!(
-        "spec.bootstrap.fromBackup ({:?}): restoring from a Backup is not supported yet, and \
-         Cairn never starts an empty database in its place, so nothing was created. Delete \
-         this cluster, or create it with bootstrap.initdb",
-        source.name
-    ))
 }
 
 /// The cluster's members, from their Leases.
@@ -1083,6 +1093,16 @@ async fn label_roles(
 ) -> Result<(), Error> {
     let namespace = cluster.namespace().unwrap_or_default();
     let api = Api::<Pod>::namespaced(ctx.client.clone(), &namespace);
+    let restores = cluster
+        .spec
+        .bootstrap
+        .as_ref()
+        .is_some_and(|b| b.from_backup.is_some());
+    let bootstrap_kind = if restores {
+        BOOTSTRAP_RESTORE
+    } else {
+        BOOTSTRAP_INITDB
+    };
     let mut pods = pods.to_vec();
     pods.sort_by_key(|pod| Some(pod.name_any().as_str()) == primary);
     for pod in pods {
@@ -1092,7 +1112,7 @@ async fn label_roles(
         } else {
             ROLE_REPLICA
         };
-        let bootstrap = (is_primary && !initialized).then_some(BOOTSTRAP_INITDB);
+        let bootstrap = (is_primary && !initialized).then_some(bootstrap_kind);
         if pod.labels().get(ROLE_LABEL).map(String::as_str) == Some(role)
             && pod
                 .annotations()

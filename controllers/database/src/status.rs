@@ -31,7 +31,6 @@ pub mod reason {
     pub const HEALTHY: &str = "Healthy";
     pub const INVALID_SPEC: &str = "InvalidSpec";
     pub const PAUSED: &str = "Paused";
-    pub const RESTORE_NOT_SUPPORTED: &str = "RestoreNotSupported";
     pub const FAILING_OVER: &str = "FailingOver";
     pub const FAILOVER_BLOCKED: &str = "FailoverBlocked";
     pub const SWITCHING_OVER: &str = "SwitchingOver";
@@ -222,6 +221,26 @@ pub fn refused(
         );
     }
     status.phase = Some(DatabaseClusterPhase::Failed);
+    status
+}
+
+/// A cluster not created yet for a reason that passes (a restore waiting
+/// for its Backup): Creating, with the reason in `Ready` and `Progressing`.
+pub fn waiting(
+    cluster: &DatabaseCluster,
+    reason: &str,
+    message: &str,
+    now: &Time,
+) -> DatabaseClusterStatus {
+    let mut status = base(cluster);
+    let generation = cluster.metadata.generation;
+    for (type_, value) in [(READY, false), (PROGRESSING, true)] {
+        conditions::set(
+            &mut status.conditions,
+            conditions::new(type_, value, reason, message, generation, now.clone()),
+        );
+    }
+    status.phase = Some(DatabaseClusterPhase::Creating);
     status
 }
 

@@ -593,9 +593,9 @@ async fn clusters_that_cannot_proceed_say_why() -> Result<(), Error> {
     .await?;
     until_ready(&clusters, "held", 1).await?;
 
-    // Restoring from a Backup, even a completed one, is refused until
-    // restores exist: running initdb instead would report an empty database
-    // as the restored one. Nothing is created.
+    // A restore that cannot read its backup (no destination of its own to
+    // read it from) is refused with the reason; nothing is created, and
+    // initdb never runs in its place.
     let backup_crds = cairn_api::crds::for_chart("cairn-backup-controller");
     cairn_testing::crds::install(&namespace.client, &backup_crds).await?;
     let backups = namespace.api::<Backup>();
@@ -626,10 +626,9 @@ async fn clusters_that_cannot_proceed_say_why() -> Result<(), Error> {
         .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
         .cloned()
         .expect("Ready set");
-    assert_eq!(ready.reason, "RestoreNotSupported");
-    assert!(ready.message.contains("\"nightly\""), "{}", ready.message);
+    assert_eq!(ready.reason, "RestoreNeedsDestination");
     assert!(
-        ready.message.contains("nothing was created"),
+        ready.message.contains("spec.backup.destination"),
         "{}",
         ready.message
     );
@@ -650,5 +649,65 @@ async fn clusters_that_cannot_proceed_say_why() -> Result<(), Error> {
     for secret in namespace.api::<Secret>().list(&Default::default()).await? {
         assert!(!owned_by_restored(&secret.metadata), "no Secret either");
     }
+
+    // With the backup in its own destination: the source recorded in the
+    // status first, then the StatefulSet tells the first primary what to
+    // restore and where to stop.
+    backups
+        .patch_status(
+            "nightly",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": { "backupId": "nightly-0a1b2c3d",
+                "location": "s3://backups/held/base/nightly-0a1b2c3d/" } })),
+        )
+        .await?;
+    let mut copy = support::database_cluster("copy", 1);
+    copy.spec.bootstrap = serde_json::from_value(json!({ "fromBackup": { "name": "nightly",
+        "recoveryTarget": { "lsn": "0/3000060" } } }))
+    .map_err(|e| Error::Setup(e.to_string()))?;
+    copy.spec.backup = serde_json::from_value(json!({ "destination": { "s3": {
+        "bucket": "backups", "credentialsSecret": { "name": "s3" } } } }))
+    .map_err(|e| Error::Setup(e.to_string()))?;
+    support::create(&clusters, &copy).await?;
+    let recorded = wait::for_object(&clusters, "copy", "restoredFrom", LONG, |c| {
+        c.status.as_ref().is_some_and(|s| s.restored_from.is_some())
+    })
+    .await?;
+    let source = recorded
+        .status
+        .and_then(|s| s.restored_from)
+        .expect("recorded");
+    assert_eq!(
+        (source.cluster.as_str(), source.backup_id.as_str()),
+        ("held", "nightly-0a1b2c3d")
+    );
+    let set = wait::for_object(
+        &namespace.api::<StatefulSet>(),
+        "copy",
+        "StatefulSet copy",
+        LONG,
+        |_| true,
+    )
+    .await?;
+    let env: BTreeMap<String, String> = set
+        .spec
+        .and_then(|s| s.template.spec)
+        .map(|p| p.containers[0].env.clone().unwrap_or_default())
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|e| Some((e.name, e.value?)))
+        .collect();
+    assert_eq!(
+        env.get("CAIRN_RESTORE_CLUSTER").map(String::as_str),
+        Some("held")
+    );
+    assert_eq!(
+        env.get("CAIRN_RESTORE_BACKUP_ID").map(String::as_str),
+        Some("nightly-0a1b2c3d")
+    );
+    assert_eq!(
+        env.get("CAIRN_RESTORE_TARGET_LSN").map(String::as_str),
+        Some("0/3000060")
+    );
     Ok(())
 }

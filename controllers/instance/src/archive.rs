@@ -22,6 +22,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 
 use crate::error::{Context, Error};
+use crate::restore::WalFetcher;
 use crate::state::State;
 
 /// The outcome of one upload, shared by everyone waiting for it.
@@ -63,7 +64,7 @@ pub enum ClientError {
 /// How long the client waits for an answer before PostgreSQL retries.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(300);
 /// A request is one short line, sent at once.
-const REQUEST_LIMIT: u64 = 256;
+const REQUEST_LIMIT: u64 = 4096;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often the backlog metric is refreshed without requests.
 const BACKLOG_INTERVAL: Duration = Duration::from_secs(5);
@@ -81,6 +82,8 @@ pub struct Archiver {
     state: Arc<State>,
     /// Uploads running or done but not yet asked for; at most `parallel`.
     uploads: Mutex<HashMap<String, Upload>>,
+    /// During a restore: the source's archive, for `restore_command`.
+    restore: Option<Arc<WalFetcher>>,
 }
 
 impl Archiver {
@@ -104,7 +107,14 @@ impl Archiver {
                 .join("cairn-wal-archive-gap"),
             state,
             uploads: Mutex::new(HashMap::new()),
+            restore: None,
         }
+    }
+
+    /// Also answers `restore_command`, from `fetcher`.
+    pub fn restoring_with(mut self, fetcher: WalFetcher) -> Self {
+        self.restore = Some(Arc::new(fetcher));
+        self
     }
 
     /// Takes requests on `socket` until the process ends.
@@ -157,17 +167,43 @@ impl Archiver {
         ) {
             return;
         }
-        let reply = match line.trim_end().strip_prefix("archive ") {
-            Some(file) => match WalName::parse(file) {
+        let line = line.trim_end();
+        let reply = if let Some(file) = line.strip_prefix("archive ") {
+            match WalName::parse(file) {
                 Ok(name) => match self.archive(name).await {
                     Ok(()) => "ok\n".to_owned(),
                     Err(message) => format!("error {message}\n"),
                 },
                 Err(e) => format!("error {e}\n"),
-            },
-            None => "error unknown request\n".to_owned(),
+            }
+        } else if let Some(request) = line.strip_prefix("restore ") {
+            self.restore(request).await
+        } else {
+            "error unknown request\n".to_owned()
         };
         let _ = write.write_all(reply.as_bytes()).await;
+    }
+
+    /// `restore NAME PATH`: the answer to `restore_command`.
+    async fn restore(&self, request: &str) -> String {
+        let Some(fetcher) = &self.restore else {
+            return "error this instance is not restoring\n".to_owned();
+        };
+        let Some((file, path)) = request.split_once(' ') else {
+            return "error expected a file and a path\n".to_owned();
+        };
+        let name = match WalName::parse(file) {
+            Ok(name) => name,
+            Err(e) => return format!("error {e}\n"),
+        };
+        match fetcher.fetch(name, Path::new(path)).await {
+            Ok(true) => "ok\n".to_owned(),
+            Ok(false) => "missing\n".to_owned(),
+            Err(message) => {
+                tracing::warn!(%file, %message, "cannot fetch archived WAL");
+                format!("error {message}\n")
+            }
+        }
     }
 
     /// Stores `name`, and starts uploading the files ready after it.

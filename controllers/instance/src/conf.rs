@@ -18,6 +18,30 @@ pub struct InstanceSettings<'a> {
     pub ssl_key_file: &'a Path,
     /// The command that hands WAL to the instance, when WAL is archived.
     pub archive_command: Option<String>,
+    /// While a restore replays the source's WAL (recovery.signal is there).
+    pub recovery: Option<Recovery>,
+}
+
+/// How a restore recovers: where archived WAL comes from, where it stops.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Recovery {
+    pub restore_command: String,
+    pub target: RecoveryTarget,
+}
+
+/// Where replay of the archived WAL stops, then the server is promoted (a
+/// new timeline).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RecoveryTarget {
+    /// All the WAL archived.
+    EndOfWal,
+    /// As soon as the backup is consistent.
+    EndOfBackup,
+    /// An RFC 3339 time: commits up to it, none after.
+    Time(String),
+    Lsn(String),
+    /// A restore point made with `pg_create_restore_point`.
+    Name(String),
 }
 
 /// `postgresql.conf` in the data folder: the controller's file, then the
@@ -60,6 +84,21 @@ pub fn postgresql_conf(controller_conf: &str, settings: &InstanceSettings) -> St
         set("archive_mode", "on");
         set("archive_command", command);
     }
+    if let Some(recovery) = &settings.recovery {
+        set("restore_command", &recovery.restore_command);
+        set("recovery_target_timeline", "latest");
+        let target = match &recovery.target {
+            RecoveryTarget::EndOfWal => None,
+            RecoveryTarget::EndOfBackup => Some(("recovery_target", "immediate")),
+            RecoveryTarget::Time(time) => Some(("recovery_target_time", time.as_str())),
+            RecoveryTarget::Lsn(lsn) => Some(("recovery_target_lsn", lsn.as_str())),
+            RecoveryTarget::Name(name) => Some(("recovery_target_name", name.as_str())),
+        };
+        if let Some((name, value)) = target {
+            set(name, value);
+            set("recovery_target_action", "promote");
+        }
+    }
     conf
 }
 
@@ -67,15 +106,26 @@ pub fn postgresql_conf(controller_conf: &str, settings: &InstanceSettings) -> St
 /// archiver on `socket`. Paths are quoted for the shell PostgreSQL runs it
 /// with, and `%` doubled so PostgreSQL replaces only `%p`.
 pub fn archive_command(program: &Path, socket: &Path) -> String {
-    let shell = |path: &Path| {
-        let text = path.display().to_string().replace('%', "%%");
-        format!("'{}'", text.replace('\'', r"'\''"))
-    };
     format!(
         "{} wal-archive --socket {} %p",
         shell(program),
         shell(socket)
     )
+}
+
+/// `restore_command`: this program as the client of the instance, which
+/// fetches `%f` from the source's archive into `%p`.
+pub fn restore_command(program: &Path, socket: &Path) -> String {
+    format!(
+        "{} wal-restore --socket {} %f %p",
+        shell(program),
+        shell(socket)
+    )
+}
+
+fn shell(path: &Path) -> String {
+    let text = path.display().to_string().replace('%', "%%");
+    format!("'{}'", text.replace('\'', r"'\''"))
 }
 
 /// The physical replication slot an instance streams through: its pod name,
@@ -174,6 +224,7 @@ mod tests {
             ssl_cert_file: Path::new("/run/pg/tls/tls.crt"),
             ssl_key_file: Path::new("/run/pg/tls/tls.key"),
             archive_command: None,
+            recovery: None,
         }
     }
 

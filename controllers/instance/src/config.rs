@@ -115,6 +115,22 @@ pub struct Config {
     /// waits for the bucket however long.
     #[arg(long, env = "CAIRN_WAL_ARCHIVE_MAX_PENDING_BYTES")]
     pub wal_archive_max_pending_bytes: Option<u64>,
+    /// Restore: the cluster whose backup a new cluster's first primary
+    /// restores (its folder in this cluster's bucket), the backup's id, and
+    /// at most one recovery target (all the archived WAL when none).
+    #[arg(long, env = "CAIRN_RESTORE_CLUSTER")]
+    pub restore_cluster: Option<String>,
+    #[arg(long, env = "CAIRN_RESTORE_BACKUP_ID")]
+    pub restore_backup_id: Option<String>,
+    #[arg(long, env = "CAIRN_RESTORE_TARGET_TIME")]
+    pub restore_target_time: Option<String>,
+    #[arg(long, env = "CAIRN_RESTORE_TARGET_LSN")]
+    pub restore_target_lsn: Option<String>,
+    #[arg(long, env = "CAIRN_RESTORE_TARGET_NAME")]
+    pub restore_target_name: Option<String>,
+    /// Stop as soon as the backup is consistent.
+    #[arg(long, env = "CAIRN_RESTORE_TARGET_END_OF_BACKUP", default_value_t = false, action = clap::ArgAction::Set)]
+    pub restore_target_end_of_backup: bool,
     #[arg(long, env = "CAIRN_LOG_FORMAT", value_enum, default_value = "json")]
     pub log_format: LogFormat,
     #[arg(long, env = "CAIRN_LOG_LEVEL", default_value = "info")]
@@ -151,6 +167,36 @@ impl Config {
             access_key_id: read(cairn_storage::s3::ACCESS_KEY_ID)?,
             secret_access_key: read(cairn_storage::s3::SECRET_ACCESS_KEY)?,
         }))
+    }
+
+    /// What a restore reads, when this instance is configured to restore:
+    /// the source cluster and the backup's id.
+    pub fn restore_source(&self) -> Option<(&str, &str)> {
+        Some((
+            self.restore_cluster.as_deref()?,
+            self.restore_backup_id.as_deref()?,
+        ))
+    }
+
+    /// Where a restore's replay stops. A time is RFC 3339 here, and is
+    /// handed to PostgreSQL with a numeric offset (it takes `Z` for a time
+    /// zone abbreviation and refuses it).
+    pub fn restore_target(&self) -> Result<crate::conf::RecoveryTarget, String> {
+        use crate::conf::RecoveryTarget;
+        Ok(if let Some(time) = &self.restore_target_time {
+            let instant: k8s_openapi::jiff::Timestamp = time.parse().map_err(|e| {
+                format!("CAIRN_RESTORE_TARGET_TIME {time:?}: not an RFC 3339 time: {e}")
+            })?;
+            RecoveryTarget::Time(instant.strftime("%Y-%m-%d %H:%M:%S%.f+00:00").to_string())
+        } else if let Some(lsn) = &self.restore_target_lsn {
+            RecoveryTarget::Lsn(lsn.clone())
+        } else if let Some(name) = &self.restore_target_name {
+            RecoveryTarget::Name(name.clone())
+        } else if self.restore_target_end_of_backup {
+            RecoveryTarget::EndOfBackup
+        } else {
+            RecoveryTarget::EndOfWal
+        })
     }
 
     /// The socket `archive_command` hands WAL files to.

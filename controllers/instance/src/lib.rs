@@ -14,6 +14,7 @@ pub mod files;
 pub mod membership;
 pub mod metrics;
 pub mod observe;
+pub mod restore;
 pub mod scram;
 pub mod server;
 pub mod state;

@@ -10,6 +10,7 @@ use cairn_instance::children::Children;
 use cairn_instance::config::Config;
 use cairn_instance::membership::{self, Assignment, Heartbeat};
 use cairn_instance::metrics::Metrics;
+use cairn_instance::restore::{self, WalFetcher};
 use cairn_instance::server;
 use cairn_instance::state::State;
 use cairn_instance::supervisor::Supervisor;
@@ -31,17 +32,38 @@ struct WalArchive {
     file: PathBuf,
 }
 
+/// `restore_command`'s client: `wal-restore --socket <socket> <name> <path>`.
+#[derive(Parser)]
+struct WalRestore {
+    #[arg(long)]
+    socket: PathBuf,
+    /// PostgreSQL's `%f`.
+    name: String,
+    /// PostgreSQL's `%p`.
+    path: PathBuf,
+}
+
 fn main() -> ExitCode {
-    // The client PostgreSQL runs for each WAL file: no runtime, no telemetry.
-    if std::env::args_os()
-        .nth(1)
-        .is_some_and(|a| a == "wal-archive")
-    {
+    // The clients PostgreSQL runs for each WAL file: no runtime, no telemetry.
+    let subcommand = std::env::args_os().nth(1);
+    if subcommand.as_ref().is_some_and(|a| a == "wal-archive") {
         let args = WalArchive::parse_from(std::env::args_os().skip(1));
         return match archive::request(&args.socket, &args.file) {
             Ok(()) => ExitCode::SUCCESS,
             Err(message) => {
                 eprintln!("cairn-instance wal-archive: {message}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if subcommand.as_ref().is_some_and(|a| a == "wal-restore") {
+        let args = WalRestore::parse_from(std::env::args_os().skip(1));
+        return match restore::request(&args.socket, &args.name, &args.path) {
+            Ok(true) => ExitCode::SUCCESS,
+            // Not archived: PostgreSQL's end of the archive.
+            Ok(false) => ExitCode::FAILURE,
+            Err(message) => {
+                eprintln!("cairn-instance wal-restore: {message}");
                 ExitCode::FAILURE
             }
         };
@@ -142,7 +164,9 @@ async fn run(config: Config) -> Result<(), StartError> {
     Ok(())
 }
 
-/// The WAL archiver, when the cluster has a backup destination.
+/// The WAL archiver, when the cluster has a backup destination; it also
+/// answers `restore_command` from the source's archive on an instance
+/// configured to restore (same bucket, the source cluster's folder).
 fn wal_archiver(config: &Config, state: &Arc<State>) -> Result<Option<Arc<Archiver>>, StartError> {
     let Some(settings) = config
         .backup_destination()
@@ -154,13 +178,26 @@ fn wal_archiver(config: &Config, state: &Arc<State>) -> Result<Option<Arc<Archiv
         .cluster
         .as_deref()
         .ok_or("a backup destination needs the cluster's name (CAIRN_CLUSTER)")?;
-    Ok(Some(Arc::new(Archiver::new(
+    if config.restore_cluster.as_deref() == Some(cluster) {
+        return Err(
+            "CAIRN_RESTORE_CLUSTER is this cluster: a restore would archive over its source".into(),
+        );
+    }
+    let mut archiver = Archiver::new(
         cairn_storage::WalArchive::new(&settings, cluster),
         &config.data_dir,
         config.wal_archive_parallel,
         config.wal_archive_max_pending_bytes,
         state.clone(),
-    ))))
+    );
+    if let Some((source, _)) = config.restore_source() {
+        archiver = archiver.restoring_with(WalFetcher::new(
+            cairn_storage::WalArchive::new(&settings, source),
+            &config.data_dir,
+            config.wal_archive_parallel,
+        ));
+    }
+    Ok(Some(Arc::new(archiver)))
 }
 
 /// In a pod: the pod watch (the role), the Lease renewal (the heartbeat)
@@ -181,9 +218,15 @@ async fn start_membership(
     };
     let Some((name, namespace)) = in_pod else {
         tracing::info!(role_file = %config.role_file.display(), "outside a pod: the role comes from a file, no heartbeat");
+        let bootstrap = if config.restore_source().is_some() {
+            membership::Bootstrap::Restore
+        } else {
+            membership::Bootstrap::Initdb
+        };
         tokio::spawn(membership::watch_role_file(
             config.role_file.clone(),
             config.poll(),
+            bootstrap,
             assignment,
         ));
         return Ok((Heartbeat::none(), None));
@@ -234,9 +277,11 @@ fn start_backups(
         pod.to_owned(),
         requests,
     ));
+    let backups = cairn_storage::BaseBackups::new(&settings, &cluster);
+    state.update(|s| s.backup_destination = Some(backups.destination()));
     let taker = backup::Taker {
         config: Arc::new(config.clone()),
-        backups: cairn_storage::BaseBackups::new(&settings, &cluster),
+        backups,
         cluster,
         state: state.clone(),
         children: children.clone(),

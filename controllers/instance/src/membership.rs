@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cairn_api::database::instance::{
-    BOOTSTRAP_ANNOTATION, BOOTSTRAP_INITDB, FENCED_ANNOTATION, OBSERVED_ANNOTATION, ObservedState,
-    ROLE_LABEL,
+    BOOTSTRAP_ANNOTATION, BOOTSTRAP_INITDB, BOOTSTRAP_RESTORE, FENCED_ANNOTATION,
+    OBSERVED_ANNOTATION, ObservedState, ROLE_LABEL,
 };
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -29,9 +29,16 @@ use crate::observe::Role;
 pub struct Assignment {
     /// None until the controller labels the pod.
     pub role: Option<Role>,
-    /// Whether an empty data folder may be initialised (a new cluster's
-    /// first primary only).
-    pub may_initdb: bool,
+    /// How an empty data folder may be filled as a primary: only a new
+    /// cluster's first primary may (by initdb, or by restoring a backup).
+    pub bootstrap: Option<Bootstrap>,
+}
+
+/// How a new cluster's first primary makes its data folder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bootstrap {
+    Initdb,
+    Restore,
 }
 
 /// Whether this instance may act as a writable primary, as far as its
@@ -118,16 +125,20 @@ pub async fn watch_pod(pods: Api<Pod>, name: String, assignment: watch::Sender<A
                     .labels()
                     .get(ROLE_LABEL)
                     .and_then(|r| r.parse::<Role>().ok());
-                let may_initdb = pod
+                let bootstrap = match pod
                     .annotations()
                     .get(BOOTSTRAP_ANNOTATION)
                     .map(String::as_str)
-                    == Some(BOOTSTRAP_INITDB);
+                {
+                    Some(BOOTSTRAP_INITDB) => Some(Bootstrap::Initdb),
+                    Some(BOOTSTRAP_RESTORE) => Some(Bootstrap::Restore),
+                    _ => None,
+                };
                 assignment.send_if_modified(|current| {
-                    let next = Assignment { role, may_initdb };
+                    let next = Assignment { role, bootstrap };
                     let changed = *current != next;
                     if changed {
-                        tracing::info!(role = ?next.role, may_initdb, "assignment from the pod");
+                        tracing::info!(role = ?next.role, ?bootstrap, "assignment from the pod");
                     }
                     *current = next;
                     changed
@@ -142,8 +153,14 @@ pub async fn watch_pod(pods: Api<Pod>, name: String, assignment: watch::Sender<A
     }
 }
 
-/// Keeps `assignment` current from a role file (outside a pod).
-pub async fn watch_role_file(path: PathBuf, poll: Duration, assignment: watch::Sender<Assignment>) {
+/// Keeps `assignment` current from a role file (outside a pod, where the
+/// configuration says how to bootstrap).
+pub async fn watch_role_file(
+    path: PathBuf,
+    poll: Duration,
+    bootstrap: Bootstrap,
+    assignment: watch::Sender<Assignment>,
+) {
     loop {
         let role = std::fs::read_to_string(&path)
             .ok()
@@ -151,7 +168,7 @@ pub async fn watch_role_file(path: PathBuf, poll: Duration, assignment: watch::S
         assignment.send_if_modified(|current| {
             let next = Assignment {
                 role,
-                may_initdb: true,
+                bootstrap: Some(bootstrap),
             };
             let changed = *current != next;
             *current = next;

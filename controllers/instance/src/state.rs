@@ -59,6 +59,8 @@ pub struct Status {
     pub data_volume_bytes: Option<u64>,
     /// WAL archiving, when the cluster has a backup destination.
     pub wal_archive: Option<WalArchiveState>,
+    /// Where base backups go, when the cluster has a backup destination.
+    pub backup_destination: Option<String>,
     /// The base backup last requested of this instance.
     pub backup: Option<BackupProgress>,
 }
@@ -103,6 +105,7 @@ impl State {
                     .then(|| status.last_error.clone().or_else(|| status.reason.clone()))
                     .flatten(),
                 wal_archive: status.wal_archive.clone(),
+                backup_destination: status.backup_destination.clone(),
                 backup: status.backup.clone(),
             }
         };

@@ -173,6 +173,8 @@ async fn a_standby_backs_up_on_request_and_the_backup_restores() -> Result {
     assert_eq!(rows, 50000);
 
     set_phase(&ns, "nightly", "Completed").await?;
+    restores_to_a_point_in_time_and_to_the_end(&fixture, &primary, &app, &bucket, &progress.id)
+        .await?;
 
     // The bucket fails midway (every part upload, after the upload began): the
     // backup is reported failed with the reason, and nothing is complete
@@ -181,7 +183,7 @@ async fn a_standby_backs_up_on_request_and_the_backup_restores() -> Result {
         seen.method == "PUT" && seen.target.contains("partNumber=")
     }));
     app.batch_execute(
-        "INSERT INTO orders SELECT i, md5(i::text) FROM generate_series(50001, 60000) i;",
+        "INSERT INTO orders SELECT i, md5(i::text) FROM generate_series(60001, 70000) i;",
     )
     .await?;
     let second = assign_backup(&ns, "broken", "orders-1").await?;
@@ -201,6 +203,120 @@ async fn a_standby_backs_up_on_request_and_the_backup_restores() -> Result {
     assert_eq!(base_backups(&bucket).catalog().await?.len(), 1);
     drop((standby, primary));
     fixture.passed()
+}
+
+/// New clusters `copy` and `copy2` restored from backup `id` of `orders`
+/// (its instances running outside pods: the configuration says restore):
+/// up to a time between two batches of rows (the first present, the second
+/// absent), and to the end of the archive (both present); each on a new
+/// timeline, writable, archiving to its own folder, never the source's.
+async fn restores_to_a_point_in_time_and_to_the_end(
+    fixture: &Fixture,
+    primary: &support::Instance,
+    app: &tokio_postgres::Client,
+    bucket: &str,
+    id: &str,
+) -> Result {
+    app.batch_execute("INSERT INTO orders SELECT i, 'before' FROM generate_series(50001, 50100) i")
+        .await?;
+    let target: String = app
+        .query_one("SELECT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')", &[])
+        .await?
+        .get(0);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    app.batch_execute("INSERT INTO orders SELECT i, 'after' FROM generate_series(50101, 50200) i")
+        .await?;
+    let sql = primary.sql().await?;
+    let last: String = sql
+        .query_one("SELECT pg_walfile_name(pg_switch_wal())", &[])
+        .await?
+        .get(0);
+    let archive = |cluster: &str| {
+        cairn_storage::WalArchive::new(
+            &S3Settings {
+                endpoint: Some(cluster_endpoint()),
+                bucket: bucket.to_owned(),
+                region: None,
+                prefix: String::new(),
+                access_key_id: "testing".into(),
+                secret_access_key: "testing".into(),
+            },
+            cluster,
+        )
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !archive("orders")
+        .list()
+        .await?
+        .iter()
+        .any(|n| n.as_str() == last)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{last} never archived"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    for (name, target, rows) in [
+        ("copy", Some(target.as_str()), 50100),
+        ("copy2", None, 50200),
+    ] {
+        let mut spec = fixture.instance(&format!("{name}-0"), "primary")?;
+        spec = fixture
+            .archiving_to(spec, &cluster_endpoint(), bucket)?
+            .env("CAIRN_CLUSTER", name)
+            .env("CAIRN_MEMBERSHIP", "false")
+            .env("CAIRN_RESTORE_CLUSTER", "orders")
+            .env("CAIRN_RESTORE_BACKUP_ID", id);
+        if let Some(time) = target {
+            spec = spec.env("CAIRN_RESTORE_TARGET_TIME", time);
+        }
+        let restored = fixture.start(&spec)?;
+        let took = restored.wait_ready(Duration::from_secs(120)).await?;
+        let status = restored.status().await?;
+        println!("{name}: restored (target {target:?}) and ready in {took:?}: {status}");
+        assert_eq!(status["role"], "primary", "{status}");
+        assert_eq!(status["timeline"], 2, "a new timeline: {status}");
+        let copy = restored.app().await?;
+        let count: i64 = copy
+            .query_one("SELECT count(*) FROM orders", &[])
+            .await?
+            .get(0);
+        assert_eq!(count, rows, "{name}");
+        // Writable, and archiving to its own folder only.
+        copy.batch_execute("INSERT INTO orders VALUES (90000, 'restored')")
+            .await?;
+        let own: String = restored
+            .sql()
+            .await?
+            .query_one("SELECT pg_walfile_name(pg_switch_wal())", &[])
+            .await?
+            .get(0);
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !archive(name)
+            .list()
+            .await?
+            .iter()
+            .any(|n| n.as_str() == own)
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{own} never archived by {name}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let source = archive("orders").list().await?;
+        assert!(
+            source.iter().all(|n| n.timeline() == "00000001"),
+            "the source's folder got another timeline: {source:?}"
+        );
+    }
+    Ok(())
+}
+
+fn cluster_endpoint() -> String {
+    cluster().s3_endpoint().to_owned()
 }
 
 /// Downloads a backup's tar and unpacks it into `folder`, as a restore

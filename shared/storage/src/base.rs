@@ -86,6 +86,11 @@ impl BaseBackups {
         }
     }
 
+    /// `s3://bucket/<cluster's folder>`: where this cluster's backups go.
+    pub fn destination(&self) -> String {
+        format!("s3://{}/{}", self.bucket, self.layout.root())
+    }
+
     /// `s3://bucket/<cluster's folder>/base/<id>/`.
     pub fn location(&self, id: &BackupId) -> String {
         format!("s3://{}/{}", self.bucket, self.layout.base_backup(id))

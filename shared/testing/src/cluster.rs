@@ -321,7 +321,7 @@ fn start_dev_cluster() -> Result<PathBuf, Error> {
 
 /// Runs `hack/local-cluster.sh ARGS`; its standard output.
 fn run_script(args: &[&str]) -> Result<String, Error> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../hack/local-cluster.sh");
+    let script = crate::repo_root().join("hack/local-cluster.sh");
     let run = |args: &[&str]| {
         let command = args.join(" ");
         Command::new("bash")

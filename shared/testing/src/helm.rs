@@ -7,9 +7,7 @@ use crate::{Error, LocalCluster};
 
 /// The folder of chart `name` in this repository.
 pub fn chart_dir(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../charts")
-        .join(name)
+    crate::repo_root().join("charts").join(name)
 }
 
 impl LocalCluster {

@@ -29,6 +29,21 @@ pub mod s3;
 pub mod wait;
 
 pub use cluster::{KubectlOutput, LocalCluster, cluster};
+
+/// The repository's root, found when the test runs, from the package under
+/// test (cargo sets `CARGO_MANIFEST_DIR` for `cargo test`): a build cached
+/// from another checkout of the same sources must read this checkout's
+/// charts and scripts, not that one's.
+pub fn repo_root() -> std::path::PathBuf {
+    let start = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    start
+        .ancestors()
+        .find(|dir| dir.join("hack/local-cluster.sh").exists())
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or(start)
+}
 pub use error::Error;
 pub use namespace::{Nodes, TestNamespace};
 

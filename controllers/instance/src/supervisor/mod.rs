@@ -19,13 +19,14 @@ use crate::conf;
 use crate::config::Config;
 use crate::error::{Context, Error};
 use crate::files::{sync_parent, write_atomically};
-use crate::membership::{Assignment, Heartbeat};
+use crate::membership::{Assignment, Bootstrap, Heartbeat};
 use crate::observe::{self, Limits, Role};
 use crate::scram;
 use crate::state::{Phase, State};
 use crate::tls::Tls;
 
 mod folder;
+mod restore;
 mod roles;
 mod upstream;
 
@@ -261,7 +262,8 @@ impl Supervisor {
                 }
             }
             DataFolder::Absent => {
-                if role == Role::Primary && !self.assignment.borrow().may_initdb {
+                let bootstrap = self.assignment.borrow().bootstrap;
+                if role == Role::Primary && bootstrap.is_none() {
                     return Err(Error::Refused(format!(
                         "the data folder {} is empty but the cluster was initialised: refusing \
                          to run initdb over it (its data lives in the replicas; the controller \
@@ -270,9 +272,10 @@ impl Supervisor {
                     )));
                 }
                 self.state.phase(Phase::Bootstrapping);
-                match role {
-                    Role::Primary => self.initdb().await?,
-                    Role::Replica => self.clone_primary().await?,
+                match (role, bootstrap) {
+                    (Role::Primary, Some(Bootstrap::Restore)) => self.restore().await?,
+                    (Role::Primary, _) => self.initdb().await?,
+                    (Role::Replica, _) => self.clone_primary().await?,
                 }
             }
         }
@@ -319,6 +322,25 @@ impl Supervisor {
         )))
     }
 
+    /// Whether this folder is a restore still replaying the source's WAL
+    /// (PostgreSQL removes recovery.signal when it promotes at the end).
+    fn restoring(&self) -> bool {
+        self.config.data_dir.join("recovery.signal").exists()
+    }
+
+    /// A restore's recovery settings, while it replays.
+    fn recovery(&self) -> Result<Option<conf::Recovery>, Error> {
+        if !self.restoring() {
+            return Ok(None);
+        }
+        let program = std::env::current_exe()
+            .context(|| "finding this program for restore_command".to_owned())?;
+        Ok(Some(conf::Recovery {
+            restore_command: conf::restore_command(&program, &self.config.wal_archive_socket()),
+            target: self.config.restore_target().map_err(Error::Setup)?,
+        }))
+    }
+
     /// postgresql.conf in the data folder: the controller's, then this instance's.
     fn write_conf(&self, role: Role) -> Result<(), Error> {
         let source = self.config.config_dir.join("postgresql.conf");
@@ -349,6 +371,7 @@ impl Supervisor {
                 ssl_cert_file: &self.tls.cert_file(),
                 ssl_key_file: &self.tls.key_file(),
                 archive_command: self.archive_command()?,
+                recovery: self.recovery()?,
             },
         );
         write_atomically(&self.config.data_dir.join("postgresql.conf"), &text, 0o600)
@@ -546,7 +569,8 @@ impl Supervisor {
                         "assigned replica while running as a primary: restarting as a standby",
                     );
                 }
-                (Role::Primary, true) if !promoted => {
+                // A restore's recovery ends by itself, at its target.
+                (Role::Primary, true) if !promoted && !self.restoring() => {
                     promoted = self.promote(&connection.client).await;
                 }
                 (Role::Primary, false) if !roles_current => {

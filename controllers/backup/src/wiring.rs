@@ -1,0 +1,64 @@
+//! The controller's caches and what wakes it.
+
+use std::sync::Arc;
+
+use cairn_api::backup::v1::Backup;
+use cairn_api::database::instance::{APP_NAME, MEMBERSHIP_COMPONENT};
+use cairn_api::database::v1::DatabaseCluster;
+use cairn_runtime::labels::MANAGED_BY;
+use cairn_runtime::manager::{Manager, Runnable};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::controller::Controller;
+use kube::runtime::events::Recorder;
+use kube::runtime::watcher;
+
+use crate::MANAGER;
+use crate::backup::{self, Caches, Context};
+use crate::metrics::BackupMetrics;
+
+/// Backups, woken by creation, a spec change or deletion (not by this
+/// controller's status writes); a Pending or Running Backup is looked at
+/// again on a short beat (`plan::POLL`) rather than on every heartbeat of
+/// the instances' Leases, which are only read. Clusters, instance pods and
+/// membership Leases are cached for those reads; only the database
+/// controller's objects are (by label), never every pod or Lease.
+pub fn controllers(manager: &mut Manager) -> Result<Vec<Runnable>, prometheus::Error> {
+    let metrics = BackupMetrics::register(&manager.metrics.registry)?;
+    let ours =
+        format!("app.kubernetes.io/managed-by={MANAGED_BY},app.kubernetes.io/name={APP_NAME}");
+    let backups = manager.cache(manager.api::<Backup>(), watcher::Config::default());
+    let clusters = manager.cache(manager.api::<DatabaseCluster>(), watcher::Config::default());
+    let pods = manager.cache(
+        manager.api::<Pod>(),
+        watcher::Config::default().labels(&ours),
+    );
+    let leases = manager.cache(
+        manager.api::<Lease>(),
+        watcher::Config::default().labels(&format!(
+            "{ours},app.kubernetes.io/component={MEMBERSHIP_COMPONENT}"
+        )),
+    );
+    let store = backups.store();
+    let caches = Caches {
+        backups: store.clone(),
+        clusters: clusters.without_trigger(),
+        pods: pods.without_trigger(),
+        leases: leases.without_trigger(),
+    };
+    let context = Arc::new(Context {
+        client: manager.client.clone(),
+        recorder: Recorder::new(manager.client.clone(), MANAGER.into()),
+        caches,
+        metrics,
+    });
+    tokio::spawn(Context::housekeeping(
+        context.clone(),
+        std::time::Duration::from_secs(10),
+    ));
+    Ok(vec![manager.runnable(
+        Controller::for_shared_stream(backups.trigger_on_spec_change(), store),
+        backup::reconcile,
+        context,
+    )])
+}

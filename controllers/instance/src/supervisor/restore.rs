@@ -1,0 +1,101 @@
+//! A new cluster's first primary restored from a base backup: the backup's
+//! tar downloaded from the source cluster's folder in this cluster's bucket,
+//! checked against its manifest, unpacked beside the data folder, then moved
+//! into place with recovery.signal. PostgreSQL then replays the source's
+//! archived WAL (restore_command, through this process) up to the target
+//! and promotes itself to a new timeline; this cluster archives to its own
+//! folder, never the source's.
+
+use std::os::unix::fs::PermissionsExt;
+
+use cairn_storage::{BackupId, BaseBackups};
+
+use super::folder::{remove_dir_if_present, sibling};
+use super::*;
+
+impl Supervisor {
+    pub(super) async fn restore(&self) -> Result<(), Error> {
+        let (source, id) = self.config.restore_source().ok_or_else(|| {
+            Error::Setup(
+                "told to restore a backup, but no source is configured \
+                 (CAIRN_RESTORE_CLUSTER, CAIRN_RESTORE_BACKUP_ID)"
+                    .to_owned(),
+            )
+        })?;
+        let settings = self
+            .config
+            .backup_destination()
+            .context(|| "backup destination credentials".to_owned())?
+            .ok_or_else(|| {
+                Error::Setup(
+                    "a restore reads the bucket of CAIRN_BACKUP_BUCKET, which is unset".to_owned(),
+                )
+            })?;
+        let id = BackupId::parse(id).map_err(|e| Error::Setup(e.to_string()))?;
+        let backups = BaseBackups::new(&settings, source);
+        let location = backups.location(&id);
+        let manifest = backups
+            .manifest(&id)
+            .await
+            .map_err(|e| Error::Program(format!("reading the manifest of {location}: {}", e.summary())))?
+            .ok_or_else(|| {
+                Error::Refused(format!(
+                    "{location} has no manifest: not a complete backup; refusing to start anything else in its place"
+                ))
+            })?;
+        let target = sibling(&self.config.data_dir, "restore");
+        remove_dir_if_present(&target)?;
+        std::fs::create_dir_all(&target)
+            .and_then(|()| {
+                std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o700))
+            })
+            .context(|| target.display().to_string())?;
+        tracing::info!(%location, timeline = manifest.timeline, end = %manifest.end_lsn, "restoring a base backup");
+        let started = Instant::now();
+        for file in &manifest.files {
+            if let Err(e) = unpack(&backups, &id, file, &target).await {
+                let _ = remove_dir_if_present(&target);
+                return Err(e);
+            }
+        }
+        // Whatever the source was, this folder recovers, then is promoted.
+        for signal in ["standby.signal", "recovery.signal"] {
+            let _ = std::fs::remove_file(target.join(signal));
+        }
+        std::fs::write(target.join("recovery.signal"), "")
+            .context(|| "recovery.signal".to_owned())?;
+        tracing::info!(
+            seconds = started.elapsed().as_secs_f64(),
+            bytes = manifest.stored_bytes(),
+            "base backup downloaded and unpacked"
+        );
+        self.move_into_place(&target, "restore")
+    }
+}
+
+/// Streams one file of the backup through zstd and tar into `target`; an
+/// error of the download (a checksum that differs from the manifest's) or
+/// of the unpacking fails the restore.
+async fn unpack(
+    backups: &BaseBackups,
+    id: &BackupId,
+    file: &cairn_storage::StoredFile,
+    target: &Path,
+) -> Result<(), Error> {
+    let (reader, writer) = std::io::pipe().context(|| "a pipe for the backup's tar".to_owned())?;
+    let folder = target.to_path_buf();
+    let unpacking = tokio::task::spawn_blocking(move || {
+        let mut archive = tar::Archive::new(reader);
+        archive.set_preserve_permissions(true);
+        archive.set_overwrite(false);
+        archive.unpack(&folder)
+    });
+    let downloaded = backups.download(id, file, writer).await;
+    let unpacked = unpacking
+        .await
+        .map_err(std::io::Error::other)
+        .and_then(|result| result);
+    // The unpacking's error says more than the broken pipe it causes.
+    unpacked.context(|| format!("unpacking {}", file.name))?;
+    downloaded.map_err(|e| Error::Program(format!("downloading {}: {e}", file.name)))
+}

@@ -1,0 +1,192 @@
+//! Base backups on the real nodes, with the database and backup controllers
+//! installed by their charts: a Backup of a two-instance cluster is taken by
+//! the standby, in its pod, streamed to the bucket (moto, from the pod
+//! network) with its manifest, and reported in the Backup's status; a
+//! Backup whose instance pod is killed midway ends Failed with a reason,
+//! and the bucket's catalog never lists it.
+
+use std::time::{Duration, Instant};
+
+use cairn_api::backup::v1::{Backup, BackupPhase};
+use cairn_api::database::v1::DatabaseCluster;
+use cairn_e2e::real::{
+    READY_TIMEOUT, cluster_spec, current_primary, enforce_restricted_pod_security, install_chart,
+    install_controller, psql, start_client,
+};
+use cairn_storage::{BaseBackups, S3Settings};
+use cairn_testing::{Error, TestNamespace, cluster, s3, wait};
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{DeleteParams, PostParams};
+use serde_json::json;
+
+type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+const CLUSTER: &str = "vault";
+
+fn catalog(bucket: &str) -> BaseBackups {
+    BaseBackups::new(
+        &S3Settings {
+            endpoint: Some(cluster().s3_endpoint().to_owned()),
+            bucket: bucket.to_owned(),
+            region: None,
+            prefix: "e2e".into(),
+            access_key_id: "testing".into(),
+            secret_access_key: "testing".into(),
+        },
+        CLUSTER,
+    )
+}
+
+async fn backup(ns: &TestNamespace, name: &str) -> Result<Backup> {
+    let backup: Backup = serde_json::from_value(json!({
+        "apiVersion": "backup.cairn.dev/v1", "kind": "Backup",
+        "metadata": { "name": name },
+        "spec": { "cluster": { "name": CLUSTER }, "method": "physical", "deadlineSeconds": 300 },
+    }))?;
+    Ok(ns
+        .api::<Backup>()
+        .create(&PostParams::default(), &backup)
+        .await?)
+}
+
+fn phase(backup: &Backup) -> Option<BackupPhase> {
+    backup.status.as_ref().and_then(|s| s.phase)
+}
+
+#[tokio::test]
+async fn a_standby_takes_a_base_backup_and_a_killed_one_fails_cleanly() -> Result {
+    let ns = cluster().namespace_on_real_nodes("backups").await?;
+    enforce_restricted_pod_security(&ns).await?;
+    install_controller(&ns).await?;
+    install_chart(&ns, "cairn-backup-controller").await?;
+    let bucket = format!("base-{}", ns.name);
+    s3::client(cluster().s3_endpoint())
+        .create_bucket()
+        .bucket(&bucket)
+        .send()
+        .await
+        .map_err(|e| Error::Setup(format!("bucket {bucket}: {e}")))?;
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": { "name": "backup-bucket" },
+        "stringData": { "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing" },
+    }))?;
+    ns.api::<Secret>()
+        .create(&PostParams::default(), &secret)
+        .await?;
+    let mut spec = cluster_spec(2);
+    spec.backup = Some(serde_json::from_value(json!({ "destination": { "s3": {
+        "endpoint": cluster().s3_endpoint(),
+        "bucket": bucket,
+        "prefix": "e2e",
+        "credentialsSecret": { "name": "backup-bucket" },
+    }}}))?);
+    let clusters = ns.api::<DatabaseCluster>();
+    clusters
+        .create(&PostParams::default(), &DatabaseCluster::new(CLUSTER, spec))
+        .await?;
+    wait::for_object(&clusters, CLUSTER, "Ready", READY_TIMEOUT, |c| {
+        wait::condition_status(c, "Ready").as_deref() == Some("True")
+    })
+    .await?;
+    start_client(&ns, CLUSTER).await?;
+    // About 200 MB that compresses about twofold: a backup that takes
+    // seconds, so that it can be interrupted.
+    psql(
+        &ns,
+        "vault-rw",
+        "CREATE TABLE items AS SELECT i AS id, md5(random()::text) || md5(random()::text) \
+         || md5(random()::text) || md5(random()::text) AS payload \
+         FROM generate_series(1, 1000000) i",
+    )
+    .await?;
+    let primary = current_primary(&clusters, CLUSTER).await?;
+    let standby = if primary == "vault-0" {
+        "vault-1"
+    } else {
+        "vault-0"
+    };
+
+    // A Backup: taken by the standby, Completed with its WAL range, in the
+    // bucket's catalog with the same range.
+    let started = Instant::now();
+    backup(&ns, "first").await?;
+    let backups = ns.api::<Backup>();
+    let done = wait::for_object(
+        &backups,
+        "first",
+        "Completed",
+        Duration::from_secs(180),
+        |b| matches!(phase(b), Some(BackupPhase::Completed | BackupPhase::Failed)),
+    )
+    .await?;
+    let status = done.status.clone().unwrap_or_default();
+    assert_eq!(status.phase, Some(BackupPhase::Completed), "{status:?}");
+    eprintln!(
+        "base backup from {}: {} bytes stored in {:?} s (instance), {:.1} s from creation to Completed",
+        status.instance.as_deref().unwrap_or("?"),
+        status.size_bytes.unwrap_or(0),
+        status.duration_seconds,
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(
+        status.instance.as_deref(),
+        Some(standby),
+        "taken by the standby"
+    );
+    let manifests = catalog(&bucket).catalog().await?;
+    assert_eq!(manifests.len(), 1, "{manifests:?}");
+    assert_eq!(Some(&manifests[0].id), status.backup_id.as_ref());
+    assert_eq!(Some(&manifests[0].end_lsn), status.end_lsn.as_ref());
+    assert_eq!(
+        status.location.as_deref(),
+        Some(format!("s3://{bucket}/e2e/{CLUSTER}/base/{}/", manifests[0].id).as_str())
+    );
+
+    // A second one, its instance's pod killed as soon as it runs: Failed
+    // with the reason, within its deadline; the catalog still has only the
+    // first.
+    backup(&ns, "interrupted").await?;
+    let running = wait::for_object(
+        &backups,
+        "interrupted",
+        "Running",
+        Duration::from_secs(60),
+        |b| phase(b).is_some() && phase(b) != Some(BackupPhase::Pending),
+    )
+    .await?;
+    let taker = running
+        .status
+        .and_then(|s| s.instance)
+        .ok_or("no instance")?;
+    ns.api::<Pod>()
+        .delete(&taker, &DeleteParams::default().grace_period(0))
+        .await?;
+    let killed = Instant::now();
+    let failed = wait::for_object(
+        &backups,
+        "interrupted",
+        "Failed",
+        Duration::from_secs(120),
+        |b| matches!(phase(b), Some(BackupPhase::Completed | BackupPhase::Failed)),
+    )
+    .await?;
+    let status = failed.status.clone().unwrap_or_default();
+    eprintln!(
+        "instance {taker} killed mid-backup: {:?} after {:.1} s: {}",
+        status.phase,
+        killed.elapsed().as_secs_f64(),
+        status.error.as_deref().unwrap_or("")
+    );
+    assert_eq!(status.phase, Some(BackupPhase::Failed), "{status:?}");
+    assert!(
+        status.error.as_deref().unwrap_or("").contains(&taker),
+        "{status:?}"
+    );
+    let manifests = catalog(&bucket).catalog().await?;
+    assert_eq!(
+        manifests.len(),
+        1,
+        "only the first is complete: {manifests:?}"
+    );
+    Ok(())
+}
