@@ -90,7 +90,7 @@ Cairn local cluster is up: Kubernetes $KUBERNETES_VERSION, $CAIRN_REAL_NODES rea
 
   the sample Backup, a base backup taken by a standby of orders into moto's bucket acme-db-backups:
     kubectl -n $SAMPLES get backups     # Completed once the cluster is Ready; status has its WAL range and size
-  (BackupSchedules are not reconciled yet)
+    kubectl -n $SAMPLES get backupschedules   # the nightly schedule: next slot, BackupsHealthy
 
   rebuild and roll the controller after a change:  hack/dev-up.sh
   logs of each component:  $STATE/logs/     stop it:  hack/local-cluster.sh down

@@ -7,12 +7,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use cairn_api::database::instance::{CREDENTIALS_DIR, SUPERUSER_PASSWORD_KEY};
 use cairn_api::database::v1::{
-    DatabaseCluster, DatabaseClusterSpec, PostgresSpec, SWITCHOVER_ANNOTATION, StorageSpec,
-    SwitchoverRecord,
+    ClusterBackupSpec, DatabaseCluster, DatabaseClusterSpec, PostgresSpec, SWITCHOVER_ANNOTATION,
+    StorageSpec, SwitchoverRecord,
 };
 use cairn_testing::{Error, TestNamespace, cluster, wait};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -117,6 +117,37 @@ pub fn cluster_spec(instances: i32) -> DatabaseClusterSpec {
         replication: None,
         backup: None,
     }
+}
+
+/// A backup destination in moto (reached from the pod network): bucket
+/// `bucket`, made now, under `prefix`, with moto's credentials in Secret
+/// `backup-bucket` of `ns`.
+pub async fn backup_destination(
+    ns: &TestNamespace,
+    bucket: &str,
+    prefix: &str,
+) -> Result<ClusterBackupSpec> {
+    cairn_testing::s3::client(cluster().s3_endpoint())
+        .create_bucket()
+        .bucket(bucket)
+        .send()
+        .await
+        .map_err(|e| Error::Setup(format!("bucket {bucket}: {e}")))?;
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": { "name": "backup-bucket" },
+        "stringData": { "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing" },
+    }))
+    .map_err(|e| Error::Setup(e.to_string()))?;
+    ns.api::<Secret>()
+        .create(&PostParams::default(), &secret)
+        .await?;
+    serde_json::from_value(json!({ "destination": { "s3": {
+        "endpoint": cluster().s3_endpoint(),
+        "bucket": bucket,
+        "prefix": prefix,
+        "credentialsSecret": { "name": "backup-bucket" },
+    }}}))
+    .map_err(|e| Error::Setup(e.to_string()))
 }
 
 /// Where the client pod mounts the cluster's published CA (ConfigMap `<cluster>-ca`).

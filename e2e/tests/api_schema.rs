@@ -240,6 +240,23 @@ fn cases() -> Vec<Case> {
             &["set exactly one of initdb and fromBackup"],
         ),
         invalid(
+            "two recovery targets",
+            DBC,
+            json!({"spec": {"bootstrap": {"initdb": null, "fromBackup": {"name": "b",
+                "recoveryTarget": {"lsn": "0/3000060", "name": "before-migration"}}}}}),
+            &["recoveryTarget: set at most one of time, lsn, name and endOfBackup"],
+        ),
+        invalid(
+            "recovery target LSN",
+            DBC,
+            json!({"spec": {"bootstrap": {"initdb": null, "fromBackup": {"name": "b",
+                "recoveryTarget": {"lsn": "yesterday"}}}}}),
+            &[
+                "spec.bootstrap.fromBackup.recoveryTarget.lsn",
+                "should match",
+            ],
+        ),
+        invalid(
             "empty bootstrap",
             DBC,
             json!({"spec": {"bootstrap": {"initdb": null}}}),
@@ -396,7 +413,7 @@ fn cases() -> Vec<Case> {
             "method change",
             BK,
             json!({}),
-            json!({"spec": {"method": "physical"}}),
+            json!({"spec": {"method": "logical"}}),
             &["a Backup's cluster, method, destination and deadlineSeconds are immutable"],
         ),
         invalid_change(
@@ -805,7 +822,7 @@ async fn kubectl_get_cairn_lists_every_kind_with_its_columns() -> Result {
         .collect();
     for expected in [
         "NAME INSTANCES READY PHASE PRIMARY AGE",
-        "NAME CLUSTER METHOD PHASE SIZE AGE",
+        "NAME CLUSTER INSTANCE METHOD PHASE SIZE AGE",
         "NAME SCHEDULE SUSPENDED LAST BACKUP NEXT HEALTHY",
         "NAME TYPE REGION READY AGE",
         "NAME EXTERNAL NAME READY SYNCED AGE",

@@ -32,23 +32,25 @@ type Rules = &'static [(&'static str, &'static str, &'static [&'static str])];
 
 /// What the controller does in a namespace it watches.
 const GRANTED: Rules = &[
-    ("backup.cairn.dev", "backups", &["list", "watch"]),
+    (
+        "backup.cairn.dev",
+        "backups",
+        &["list", "watch", "create", "delete"],
+    ),
     ("backup.cairn.dev", "backups/status", &["patch"]),
+    ("backup.cairn.dev", "backupschedules", &["list", "watch"]),
+    ("backup.cairn.dev", "backupschedules/status", &["patch"]),
     ("database.cairn.dev", "databaseclusters", &["list", "watch"]),
     ("coordination.k8s.io", "leases", &["list", "watch"]),
     ("", "pods", &["list", "watch"]),
     ("events.k8s.io", "events", &["create", "patch"]),
 ];
 
-/// What it must not do there: write a Backup but its status, write any
+/// What it must not do there: change a Backup (but its status), write any
 /// schedule, cluster, pod or membership Lease, read a Secret, or touch
 /// anything else.
 const REFUSED: Rules = &[
-    (
-        "backup.cairn.dev",
-        "backups",
-        &["get", "create", "update", "patch", "delete"],
-    ),
+    ("backup.cairn.dev", "backups", &["get", "update", "patch"]),
     (
         "backup.cairn.dev",
         "backupschedules",
@@ -245,6 +247,7 @@ async fn the_chart_grants_what_the_controller_needs_in_every_namespace() -> Resu
     // Its caches list and watch across namespaces; Secrets are never read.
     let caches: Rules = &[
         ("backup.cairn.dev", "backups", &["list", "watch"]),
+        ("backup.cairn.dev", "backupschedules", &["list", "watch"]),
         ("database.cairn.dev", "databaseclusters", &["list", "watch"]),
         ("coordination.k8s.io", "leases", &["list", "watch"]),
         ("", "pods", &["list", "watch"]),

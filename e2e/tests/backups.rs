@@ -3,19 +3,20 @@
 //! the standby, in its pod, streamed to the bucket (moto, from the pod
 //! network) with its manifest, and reported in the Backup's status; a
 //! Backup whose instance pod is killed midway ends Failed with a reason,
-//! and the bucket's catalog never lists it.
+//! and the bucket's catalog never lists it; a new cluster restored from the
+//! first Backup (`bootstrap.fromBackup`) has every committed row.
 
 use std::time::{Duration, Instant};
 
 use cairn_api::backup::v1::{Backup, BackupPhase};
 use cairn_api::database::v1::DatabaseCluster;
 use cairn_e2e::real::{
-    READY_TIMEOUT, cluster_spec, current_primary, enforce_restricted_pod_security, install_chart,
-    install_controller, psql, start_client,
+    READY_TIMEOUT, as_superuser, backup_destination, cluster_spec, current_primary,
+    enforce_restricted_pod_security, install_chart, install_controller, psql, start_client,
 };
-use cairn_storage::{BaseBackups, S3Settings};
-use cairn_testing::{Error, TestNamespace, cluster, s3, wait};
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use cairn_storage::{BaseBackups, S3Settings, WalArchive};
+use cairn_testing::{TestNamespace, cluster, wait};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
 
@@ -60,26 +61,8 @@ async fn a_standby_takes_a_base_backup_and_a_killed_one_fails_cleanly() -> Resul
     install_controller(&ns).await?;
     install_chart(&ns, "cairn-backup-controller").await?;
     let bucket = format!("base-{}", ns.name);
-    s3::client(cluster().s3_endpoint())
-        .create_bucket()
-        .bucket(&bucket)
-        .send()
-        .await
-        .map_err(|e| Error::Setup(format!("bucket {bucket}: {e}")))?;
-    let secret: Secret = serde_json::from_value(json!({
-        "metadata": { "name": "backup-bucket" },
-        "stringData": { "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing" },
-    }))?;
-    ns.api::<Secret>()
-        .create(&PostParams::default(), &secret)
-        .await?;
     let mut spec = cluster_spec(2);
-    spec.backup = Some(serde_json::from_value(json!({ "destination": { "s3": {
-        "endpoint": cluster().s3_endpoint(),
-        "bucket": bucket,
-        "prefix": "e2e",
-        "credentialsSecret": { "name": "backup-bucket" },
-    }}}))?);
+    spec.backup = Some(backup_destination(&ns, &bucket, "e2e").await?);
     let clusters = ns.api::<DatabaseCluster>();
     clusters
         .create(&PostParams::default(), &DatabaseCluster::new(CLUSTER, spec))
@@ -188,5 +171,83 @@ async fn a_standby_takes_a_base_backup_and_a_killed_one_fails_cleanly() -> Resul
         1,
         "only the first is complete: {manifests:?}"
     );
+
+    // One more row after the first backup, its WAL archived; then a new
+    // cluster restored from the first Backup, to the end of the archive,
+    // has every row, on a new timeline.
+    psql(
+        &ns,
+        "vault-rw",
+        "INSERT INTO items VALUES (0, 'after the backup')",
+    )
+    .await?;
+    let segment = as_superuser(&ns, &primary, "SELECT pg_walfile_name(pg_switch_wal())").await?;
+    let archive = WalArchive::new(
+        &S3Settings {
+            endpoint: Some(cluster().s3_endpoint().to_owned()),
+            bucket: bucket.clone(),
+            region: None,
+            prefix: "e2e".into(),
+            access_key_id: "testing".into(),
+            secret_access_key: "testing".into(),
+        },
+        CLUSTER,
+    );
+    wait::until(
+        "the switched segment archived",
+        Duration::from_secs(60),
+        || async {
+            let names = archive.list().await.map_err(|e| e.to_string())?;
+            Ok(names.iter().any(|n| n.as_str() == segment).then_some(()))
+        },
+    )
+    .await?;
+    let mut copy = cluster_spec(1);
+    copy.backup = clusters.get(CLUSTER).await?.spec.backup;
+    copy.bootstrap = Some(serde_json::from_value(
+        json!({ "fromBackup": { "name": "first" } }),
+    )?);
+    clusters
+        .create(
+            &PostParams::default(),
+            &DatabaseCluster::new("vault-copy", copy),
+        )
+        .await?;
+    let restoring = Instant::now();
+    let restored = wait::for_object(&clusters, "vault-copy", "Ready", READY_TIMEOUT, |c| {
+        wait::condition_status(c, "Ready").as_deref() == Some("True")
+    })
+    .await?;
+    eprintln!(
+        "vault-copy restored from Backup first and Ready {:.1} s after its creation",
+        restoring.elapsed().as_secs_f64()
+    );
+    let source = restored
+        .status
+        .and_then(|s| s.restored_from)
+        .ok_or("restoredFrom")?;
+    assert_eq!(source.backup, "first");
+    assert_eq!(source.cluster, CLUSTER);
+    let count = in_app_database(&ns, "vault-copy-0", "SELECT count(*) FROM items").await?;
+    assert_eq!(count, "1000001", "every committed row");
+    let timeline = as_superuser(
+        &ns,
+        "vault-copy-0",
+        "SELECT timeline_id FROM pg_control_checkpoint()",
+    )
+    .await?;
+    assert_ne!(timeline, "1", "a new timeline");
     Ok(())
+}
+
+/// Runs `sql` in pod `pod`'s application database as the superuser.
+async fn in_app_database(ns: &TestNamespace, pod: &str, sql: &str) -> Result<String> {
+    let script = format!(
+        "PGPASSWORD=$(cat /etc/cairn/credentials/superuser-password) psql -h 127.0.0.1 -U postgres \
+         -d \"$(cat /etc/cairn/credentials/database)\" -XAtq -c \"{sql}\""
+    );
+    let out = cluster()
+        .kubectl(&["-n", &ns.name, "exec", pod, "--", "sh", "-c", &script])
+        .await?;
+    Ok(out.stdout.trim().to_owned())
 }

@@ -8,14 +8,12 @@ use std::time::{Duration, Instant};
 
 use cairn_api::database::v1::DatabaseCluster;
 use cairn_e2e::real::{
-    READY_TIMEOUT, as_superuser, cluster_spec, enforce_restricted_pod_security, install_controller,
-    psql, start_client,
+    READY_TIMEOUT, as_superuser, backup_destination, cluster_spec, enforce_restricted_pod_security,
+    install_controller, psql, start_client,
 };
 use cairn_storage::{S3Settings, WalArchive};
-use cairn_testing::{Error, cluster, s3, wait};
-use k8s_openapi::api::core::v1::Secret;
+use cairn_testing::{cluster, wait};
 use kube::api::PostParams;
-use serde_json::json;
 
 type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -27,26 +25,8 @@ async fn the_primary_archives_every_completed_wal_file_from_its_pod() -> Result 
     enforce_restricted_pod_security(&ns).await?;
     install_controller(&ns).await?;
     let bucket = format!("wal-{}", ns.name);
-    s3::client(cluster().s3_endpoint())
-        .create_bucket()
-        .bucket(&bucket)
-        .send()
-        .await
-        .map_err(|e| Error::Setup(format!("bucket {bucket}: {e}")))?;
-    let secret: Secret = serde_json::from_value(json!({
-        "metadata": { "name": "wal-bucket" },
-        "stringData": { "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing" },
-    }))?;
-    ns.api::<Secret>()
-        .create(&PostParams::default(), &secret)
-        .await?;
     let mut spec = cluster_spec(1);
-    spec.backup = Some(serde_json::from_value(json!({ "destination": { "s3": {
-        "endpoint": cluster().s3_endpoint(),
-        "bucket": bucket,
-        "prefix": "e2e",
-        "credentialsSecret": { "name": "wal-bucket" },
-    }}}))?);
+    spec.backup = Some(backup_destination(&ns, &bucket, "e2e").await?);
     let clusters = ns.api::<DatabaseCluster>();
     clusters
         .create(&PostParams::default(), &DatabaseCluster::new(CLUSTER, spec))

@@ -90,6 +90,13 @@ pub struct BackupDestination {
     pub s3: Option<S3Destination>,
 }
 
+/// Label on the Backups a schedule creates: the schedule's name.
+pub const SCHEDULE_LABEL: &str = "backup.cairn.dev/schedule";
+/// Annotation on the Backups a schedule creates: the slot (RFC 3339, UTC).
+pub const SLOT_ANNOTATION: &str = "backup.cairn.dev/slot";
+/// Annotation (`"true"`) on a Backup that retention never deletes.
+pub const PINNED_ANNOTATION: &str = "backup.cairn.dev/pinned";
+
 /// The keys of a destination's credentials Secret (the names AWS's tools read).
 pub const ACCESS_KEY_ID: &str = "AWS_ACCESS_KEY_ID";
 pub const SECRET_ACCESS_KEY: &str = "AWS_SECRET_ACCESS_KEY";

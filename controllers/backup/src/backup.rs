@@ -8,7 +8,7 @@ use cairn_api::database::instance::{CLUSTER_LABEL, OBSERVED_ANNOTATION, Observed
 use cairn_api::database::v1::DatabaseCluster;
 use cairn_runtime::manager::Recheck;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
@@ -158,14 +158,25 @@ async fn announce(recorder: &Recorder, backup: &Backup, decision: &Decision) {
         }
         _ => return,
     };
+    publish(recorder, &backup.object_ref(&()), type_, &reason, note).await;
+}
+
+/// Publishes an Event on `object` (a failure to is logged, never fatal).
+pub async fn publish(
+    recorder: &Recorder,
+    object: &ObjectReference,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
     let event = Event {
         type_,
-        reason,
+        reason: reason.to_owned(),
         note: Some(note),
         action: "Backup".into(),
         secondary: None,
     };
-    if let Err(e) = recorder.publish(&event, &backup.object_ref(&())).await {
+    if let Err(e) = recorder.publish(&event, object).await {
         tracing::warn!(error = %e, "cannot publish an Event");
     }
 }

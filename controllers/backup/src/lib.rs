@@ -16,6 +16,8 @@ pub mod backup;
 pub mod error;
 pub mod metrics;
 pub mod plan;
+pub mod schedule;
+pub mod schedule_plan;
 pub mod wiring;
 
 /// The API group this controller reconciles.

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use cairn_api::backup::v1::Backup;
+use cairn_api::backup::v1::{Backup, BackupSchedule};
 use cairn_api::database::instance::{APP_NAME, MEMBERSHIP_COMPONENT};
 use cairn_api::database::v1::DatabaseCluster;
 use cairn_runtime::labels::MANAGED_BY;
@@ -16,11 +16,14 @@ use kube::runtime::watcher;
 use crate::MANAGER;
 use crate::backup::{self, Caches, Context};
 use crate::metrics::BackupMetrics;
+use crate::schedule;
 
 /// Backups, woken by creation, a spec change or deletion (not by this
 /// controller's status writes); a Pending or Running Backup is looked at
 /// again on a short beat (`plan::POLL`) rather than on every heartbeat of
-/// the instances' Leases, which are only read. Clusters, instance pods and
+/// the instances' Leases, which are only read. BackupSchedules, woken by a
+/// spec change and at each slot (and every 30 s while one of their Backups
+/// runs). Clusters, instance pods and
 /// membership Leases are cached for those reads; only the database
 /// controller's objects are (by label), never every pod or Lease.
 pub fn controllers(manager: &mut Manager) -> Result<Vec<Runnable>, prometheus::Error> {
@@ -39,6 +42,8 @@ pub fn controllers(manager: &mut Manager) -> Result<Vec<Runnable>, prometheus::E
             "{ours},app.kubernetes.io/component={MEMBERSHIP_COMPONENT}"
         )),
     );
+    let schedules = manager.cache(manager.api::<BackupSchedule>(), watcher::Config::default());
+    let schedule_store = schedules.store();
     let store = backups.store();
     let caches = Caches {
         backups: store.clone(),
@@ -56,9 +61,16 @@ pub fn controllers(manager: &mut Manager) -> Result<Vec<Runnable>, prometheus::E
         context.clone(),
         std::time::Duration::from_secs(10),
     ));
-    Ok(vec![manager.runnable(
-        Controller::for_shared_stream(backups.trigger_on_spec_change(), store),
-        backup::reconcile,
-        context,
-    )])
+    Ok(vec![
+        manager.runnable(
+            Controller::for_shared_stream(backups.trigger_on_spec_change(), store),
+            backup::reconcile,
+            context.clone(),
+        ),
+        manager.runnable(
+            Controller::for_shared_stream(schedules.trigger_on_spec_change(), schedule_store),
+            schedule::reconcile,
+            context,
+        ),
+    ])
 }

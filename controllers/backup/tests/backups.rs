@@ -7,193 +7,21 @@
 //! instance's report, a lost instance and a passed deadline failing it with
 //! a reason, refusals, and nothing written once a Backup is final.
 
-use std::path::Path;
-use std::sync::{Arc, Mutex};
+mod support;
+
 use std::time::Duration;
 
 use cairn_api::backup::v1::{Backup, BackupPhase};
-use cairn_api::database::instance::{
-    APP_NAME, BackupProgress, BackupProgressPhase, MEMBERSHIP_COMPONENT, OBSERVED_ANNOTATION,
-    ObservedState,
-};
-use cairn_api::database::v1::DatabaseCluster;
-use cairn_testing::process::ControllerProcess;
-use cairn_testing::{Error, TestNamespace, cluster, crds, wait};
-use futures::StreamExt;
-use k8s_openapi::api::coordination::v1::Lease;
+use cairn_api::database::instance::{BackupProgress, BackupProgressPhase};
+use cairn_testing::{cluster, wait};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use kube::api::DeleteParams;
 use serde_json::json;
-
-type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
-
-const CHART: &str = "cairn-backup-controller";
-const TIMEOUT: Duration = Duration::from_secs(60);
-const DESTINATION: &str = "s3://backups/orders/";
-
-async fn controller(ns: &TestNamespace) -> std::result::Result<ControllerProcess, Error> {
-    let local = cluster();
-    crds::install(&ns.client, &cairn_api::crds::for_chart(CHART)).await?;
-    crds::install(
-        &ns.client,
-        &cairn_api::crds::for_chart("cairn-database-controller"),
-    )
-    .await?;
-    let account = local
-        .install_controller_rbac(CHART, "backup", &ns.name)
-        .await?;
-    let kubeconfig = local.service_account_kubeconfig(&ns.name, &account)?;
-    ControllerProcess::start(
-        local,
-        Path::new(env!("CARGO_BIN_EXE_cairn-backup-controller")),
-        &format!("{}-backup", ns.name),
-        &kubeconfig,
-        &[
-            ("CAIRN_NAMESPACES", ns.name.as_str()),
-            ("CAIRN_LEASE_NAMESPACE", ns.name.as_str()),
-        ],
-    )
-}
-
-/// What each instance reports, as the test sets it.
-type Reports = Arc<Mutex<Vec<(String, ObservedState)>>>;
-
-/// Cluster `orders` with a backup destination, pods `orders-0` (primary)
-/// and `orders-1` (standby), and their Leases renewed every second with
-/// `reports` until the returned task is dropped.
-async fn database_side(ns: &TestNamespace) -> Result<(Reports, tokio::task::JoinHandle<()>)> {
-    let post = PostParams::default();
-    let database: DatabaseCluster = serde_json::from_value(json!({
-        "apiVersion": "database.cairn.dev/v1", "kind": "DatabaseCluster",
-        "metadata": { "name": "orders" },
-        "spec": { "instances": 2, "postgres": { "version": "17" }, "storage": { "size": "1Gi" },
-                  "backup": { "destination": { "s3": { "bucket": "backups", "credentialsSecret": { "name": "s3" } } } } },
-    }))?;
-    ns.api::<DatabaseCluster>().create(&post, &database).await?;
-    let labels = json!({
-        "app.kubernetes.io/managed-by": "cairn", "app.kubernetes.io/name": APP_NAME,
-        "app.kubernetes.io/instance": "orders",
-    });
-    let mut reports = Vec::new();
-    for (pod, role) in [("orders-0", "primary"), ("orders-1", "replica")] {
-        create_pod(ns, pod).await?;
-        let mut lease_labels = labels.clone();
-        lease_labels["app.kubernetes.io/component"] = json!(MEMBERSHIP_COMPONENT);
-        let lease: Lease = serde_json::from_value(json!({
-            "metadata": { "name": pod, "labels": lease_labels },
-        }))?;
-        ns.api::<Lease>().create(&post, &lease).await?;
-        reports.push((
-            pod.to_owned(),
-            ObservedState {
-                ready: true,
-                role: Some(role.into()),
-                wal_position: Some("0/3000000".into()),
-                backup_destination: Some(DESTINATION.into()),
-                ..ObservedState::default()
-            },
-        ));
-    }
-    let reports: Reports = Arc::new(Mutex::new(reports));
-    let renewing = reports.clone();
-    let leases = ns.api::<Lease>();
-    let heartbeat = tokio::spawn(async move {
-        loop {
-            let now: Vec<_> = renewing.lock().expect("reports").clone();
-            for (pod, observed) in now {
-                let patch = json!({
-                    "metadata": { "annotations": { OBSERVED_ANNOTATION: serde_json::to_string(&observed).expect("json") } },
-                    "spec": { "holderIdentity": pod, "renewTime": MicroTime(Timestamp::now()) },
-                });
-                let _ = leases
-                    .patch(&pod, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await;
-            }
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
-    });
-    Ok((reports, heartbeat))
-}
-
-async fn create_pod(ns: &TestNamespace, name: &str) -> Result<Pod> {
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": { "name": name, "labels": {
-            "app.kubernetes.io/managed-by": "cairn", "app.kubernetes.io/name": APP_NAME,
-            "app.kubernetes.io/instance": "orders" } },
-        "spec": { "containers": [{ "name": "postgres", "image": "postgres:17" }] },
-    }))?;
-    Ok(ns.api::<Pod>().create(&PostParams::default(), &pod).await?)
-}
-
-fn report(reports: &Reports, pod: &str, progress: BackupProgress) {
-    let mut reports = reports.lock().expect("reports");
-    if let Some((_, observed)) = reports.iter_mut().find(|(p, _)| p == pod) {
-        observed.backup = Some(progress);
-    }
-}
-
-async fn create_backup(ns: &TestNamespace, name: &str, spec: serde_json::Value) -> Result<Backup> {
-    let mut full = json!({ "cluster": { "name": "orders" }, "method": "physical" });
-    if let (Some(full), Some(extra)) = (full.as_object_mut(), spec.as_object()) {
-        full.extend(extra.clone());
-    }
-    let backup: Backup = serde_json::from_value(json!({
-        "apiVersion": "backup.cairn.dev/v1", "kind": "Backup",
-        "metadata": { "name": name }, "spec": full,
-    }))?;
-    Ok(ns
-        .api::<Backup>()
-        .create(&PostParams::default(), &backup)
-        .await?)
-}
-
-async fn until_phase(ns: &TestNamespace, name: &str, phase: BackupPhase) -> Result<Backup> {
-    Ok(wait::for_object(
-        &ns.api::<Backup>(),
-        name,
-        &format!("Backup {name} {phase:?}"),
-        TIMEOUT,
-        |b: &Backup| b.status.as_ref().and_then(|s| s.phase) == Some(phase),
-    )
-    .await?)
-}
-
-fn ready_reason(backup: &Backup) -> String {
-    backup
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
-        .map(|c| c.reason.clone())
-        .unwrap_or_default()
-}
-
-/// No change of Backup `name` for `quiet`, as a watch sees it.
-async fn unchanged_for(ns: &TestNamespace, name: &str, quiet: Duration) -> Result {
-    let backups = ns.api::<Backup>();
-    let version = backups
-        .get(name)
-        .await?
-        .resource_version()
-        .unwrap_or_default();
-    let params = WatchParams::default().fields(&format!("metadata.name={name}"));
-    let mut events = backups.watch(&params, &version).await?.boxed();
-    let deadline = tokio::time::sleep(quiet);
-    tokio::pin!(deadline);
-    loop {
-        tokio::select! {
-            () = &mut deadline => return Ok(()),
-            event = events.next() => match event {
-                Some(Ok(WatchEvent::Bookmark(_))) => {}
-                Some(Ok(WatchEvent::Modified(b))) => return Err(format!("Backup {name} written again: {:?}", b.status).into()),
-                Some(other) => return Err(format!("watch: {other:?}").into()),
-                None => return Err("the watch ended".into()),
-            },
-        }
-    }
-}
+use support::{
+    DESTINATION, Result, TIMEOUT, controller, create_backup, create_pod, database_side,
+    ready_reason, report, unchanged_for, until_phase,
+};
 
 #[tokio::test]
 async fn a_standby_takes_the_backup_and_its_report_completes_it() -> Result {

@@ -376,6 +376,16 @@ pub fn request(socket: &Path, file: &Path) -> Result<(), ClientError> {
         .file_name()
         .and_then(|n| n.to_str())
         .ok_or_else(|| ClientError::NotWal(file.display().to_string()))?;
+    match ask(socket, &format!("archive {name}"), name)?.as_str() {
+        "ok" => Ok(()),
+        other => Err(refused(name, other)),
+    }
+}
+
+/// Sends one request line to the instance on `socket` and returns its
+/// answer (without the line end); an empty answer (the instance went away
+/// mid-request, a restart) is an error.
+pub fn ask(socket: &Path, request: &str, file: &str) -> Result<String, ClientError> {
     let unreachable = |source| ClientError::Unreachable {
         socket: socket.display().to_string(),
         source,
@@ -385,25 +395,28 @@ pub fn request(socket: &Path, file: &Path) -> Result<(), ClientError> {
         .set_read_timeout(Some(CLIENT_TIMEOUT))
         .map_err(unreachable)?;
     stream
-        .write_all(format!("archive {name}\n").as_bytes())
+        .write_all(format!("{request}\n").as_bytes())
         .map_err(unreachable)?;
     let mut reply = String::new();
     BufReader::new(stream)
         .read_line(&mut reply)
         .map_err(|source| ClientError::NoAnswer {
-            file: name.to_owned(),
+            file: file.to_owned(),
             source,
         })?;
     match reply.trim_end() {
-        "ok" => Ok(()),
-        // The instance went away mid-request (a restart): not stored.
         "" => Err(ClientError::NoAnswer {
-            file: name.to_owned(),
+            file: file.to_owned(),
             source: std::io::ErrorKind::UnexpectedEof.into(),
         }),
-        other => Err(ClientError::Refused {
-            file: name.to_owned(),
-            reason: other.strip_prefix("error ").unwrap_or(other).to_owned(),
-        }),
+        answer => Ok(answer.to_owned()),
+    }
+}
+
+/// The instance's refusal, as the client reports it.
+pub fn refused(file: &str, answer: &str) -> ClientError {
+    ClientError::Refused {
+        file: file.to_owned(),
+        reason: answer.strip_prefix("error ").unwrap_or(answer).to_owned(),
     }
 }

@@ -6,23 +6,18 @@
 //! does not wait for the bucket one segment at a time.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
 use cairn_storage::{WalArchive, WalName};
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 
-use crate::archive::ClientError;
+use crate::archive::{self, ClientError};
 
 /// One fetch into the spool, shared with whoever asks for its file:
 /// whether the file was archived.
 type Fetch = Shared<BoxFuture<'static, Result<bool, String>>>;
-
-/// How long the client waits: a segment from a slow bucket.
-const CLIENT_TIMEOUT: Duration = Duration::from_secs(300);
 
 pub struct WalFetcher {
     source: WalArchive,
@@ -149,36 +144,17 @@ fn next_segment(name: &WalName) -> Option<WalName> {
 /// `name` at `path` (relative to the data folder, PostgreSQL's working
 /// directory). `Ok(false)`: not archived.
 pub fn request(socket: &Path, name: &str, path: &Path) -> Result<bool, ClientError> {
-    let unreachable = |source| ClientError::Unreachable {
-        socket: socket.display().to_string(),
-        source,
-    };
-    let absolute = std::env::current_dir().map_err(unreachable)?.join(path);
-    let mut stream = std::os::unix::net::UnixStream::connect(socket).map_err(unreachable)?;
-    stream
-        .set_read_timeout(Some(CLIENT_TIMEOUT))
-        .map_err(unreachable)?;
-    stream
-        .write_all(format!("restore {name} {}\n", absolute.display()).as_bytes())
-        .map_err(unreachable)?;
-    let mut reply = String::new();
-    BufReader::new(stream)
-        .read_line(&mut reply)
-        .map_err(|source| ClientError::NoAnswer {
-            file: name.to_owned(),
+    let absolute = std::env::current_dir()
+        .map_err(|source| ClientError::Unreachable {
+            socket: socket.display().to_string(),
             source,
-        })?;
-    match reply.trim_end() {
+        })?
+        .join(path);
+    let request = format!("restore {name} {}", absolute.display());
+    match archive::ask(socket, &request, name)?.as_str() {
         "ok" => Ok(true),
         "missing" => Ok(false),
-        "" => Err(ClientError::NoAnswer {
-            file: name.to_owned(),
-            source: std::io::ErrorKind::UnexpectedEof.into(),
-        }),
-        other => Err(ClientError::Refused {
-            file: name.to_owned(),
-            reason: other.strip_prefix("error ").unwrap_or(other).to_owned(),
-        }),
+        other => Err(archive::refused(name, other)),
     }
 }
 

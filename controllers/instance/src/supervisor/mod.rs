@@ -664,12 +664,12 @@ impl Supervisor {
                 QUERY_TIMEOUT.as_millis()
             ))
             .connect_timeout(Duration::from_secs(3));
-        match config.connect(tokio_postgres::NoTls).await {
+        let refused = match config.connect(tokio_postgres::NoTls).await {
             Ok((client, connection)) => {
                 tokio::spawn(connection);
-                observe::Session::new(client)
+                return observe::Session::new(client)
                     .await
-                    .context(|| "preparing the monitoring query".to_owned())
+                    .context(|| "preparing the monitoring query".to_owned());
             }
             Err(e) => {
                 let code = e.code();
@@ -677,18 +677,45 @@ impl Supervisor {
                     // It answered, with a refusal: alive.
                     self.state.answered();
                 }
-                if code == Some(&SqlState::INVALID_PASSWORD)
-                    || code == Some(&SqlState::INVALID_AUTHORIZATION_SPECIFICATION)
+                if code != Some(&SqlState::INVALID_PASSWORD)
+                    && code != Some(&SqlState::INVALID_AUTHORIZATION_SPECIFICATION)
                 {
-                    let error =
-                        Error::Setup(format!("postgres refused the superuser's credentials: {e}"));
-                    self.state.error(error.to_string());
-                    return Err(error);
+                    return Err(Error::Sql {
+                        what: "not accepting connections".to_owned(),
+                        source: e,
+                    });
                 }
-                Err(Error::Sql {
-                    what: "not accepting connections".to_owned(),
-                    source: e,
-                })
+                e
+            }
+        };
+        // The server holds another superuser password (a restored backup's,
+        // or one rotated in the Secret): over the socket, as the OS user
+        // `postgres` (peer authentication, in the pod's image), until the
+        // primary sets the Secret's password (`ensure_roles`).
+        let mut peer = tokio_postgres::Config::new();
+        peer.host_path(&self.config.run_dir)
+            .port(self.config.port)
+            .user("postgres")
+            .dbname("postgres")
+            .application_name("cairn-instance")
+            .options(format!(
+                "-c statement_timeout={}",
+                QUERY_TIMEOUT.as_millis()
+            ))
+            .connect_timeout(Duration::from_secs(3));
+        match peer.connect(tokio_postgres::NoTls).await {
+            Ok((client, connection)) => {
+                tokio::spawn(connection);
+                observe::Session::new(client)
+                    .await
+                    .context(|| "preparing the monitoring query".to_owned())
+            }
+            Err(_) => {
+                let error = Error::Setup(format!(
+                    "postgres refused the superuser's credentials: {refused}"
+                ));
+                self.state.error(error.to_string());
+                Err(error)
             }
         }
     }

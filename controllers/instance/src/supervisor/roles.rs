@@ -5,8 +5,8 @@ use super::*;
 
 impl Supervisor {
     /// The application database, its owner and the replication user, created
-    /// when missing; a role's password set again when the Secret's differs
-    /// (a rotation). Passwords travel as SCRAM verifiers, never in clear.
+    /// when missing; a role's password (the superuser's too) set again when
+    /// the Secret's differs (a rotation, a restored backup). Passwords travel as SCRAM verifiers, never in clear.
     pub(super) async fn ensure_roles(&self, client: &Client) -> bool {
         match self.try_ensure_roles(client).await {
             Ok(()) => true,
@@ -22,6 +22,13 @@ impl Supervisor {
         let owner = self.credential(contract::OWNER_KEY)?;
         let database = self.credential(contract::DATABASE_KEY)?;
         let users = [
+            // Its password set from the Secret when it differs (a restored
+            // backup's, or a rotation); it always exists.
+            (
+                "postgres".to_owned(),
+                contract::SUPERUSER_PASSWORD_KEY,
+                "SUPERUSER LOGIN",
+            ),
             (owner.clone(), contract::OWNER_PASSWORD_KEY, "LOGIN"),
             (
                 self.credential(contract::REPLICATION_USER_KEY)?,

@@ -1,0 +1,170 @@
+//! The reconcile of one BackupSchedule: its Backups and its cluster from
+//! the caches, the plan (`schedule_plan`, pure), then its writes: the slot's
+//! Backup created (a 409 is the same Backup made before a restart), running
+//! ones failed under `Replace`, retention's deletions, the status.
+
+use std::sync::Arc;
+
+use cairn_api::backup::v1::{Backup, BackupSchedule, SCHEDULE_LABEL};
+use cairn_api::database::v1::DatabaseCluster;
+use cairn_runtime::conditions;
+use cairn_runtime::manager::Recheck;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+
+use crate::MANAGER;
+use crate::backup::{self, Context};
+use crate::error::Error;
+use crate::schedule_plan::{self, Timing};
+
+pub async fn reconcile(schedule: Arc<BackupSchedule>, ctx: Arc<Context>) -> Result<Recheck, Error> {
+    let now = Timestamp::now();
+    let namespace = schedule.namespace().unwrap_or_default();
+    let schedules: Api<BackupSchedule> = Api::namespaced(ctx.client.clone(), &namespace);
+    let timing = match Timing::parse(&schedule) {
+        Ok(timing) => timing,
+        Err(message) => {
+            let mut status = schedule.status.clone().unwrap_or_default();
+            let condition = conditions::new(
+                "Ready",
+                false,
+                "InvalidSchedule",
+                message,
+                schedule.metadata.generation,
+                cairn_api::common::Time(now),
+            );
+            conditions::set(&mut status.conditions, condition);
+            status.observed_generation = schedule.metadata.generation;
+            write_status(&schedules, &schedule, status).await?;
+            return Ok(Recheck::AfterResync);
+        }
+    };
+    let name = schedule.name_any();
+    let backups: Vec<Arc<Backup>> = ctx
+        .caches
+        .backups
+        .state()
+        .into_iter()
+        .filter(|b| {
+            b.namespace().as_deref() == Some(namespace.as_str())
+                && b.labels().get(SCHEDULE_LABEL) == Some(&name)
+        })
+        .collect();
+    let plan = schedule_plan::plan(
+        &schedule,
+        &timing,
+        &backups,
+        archiving(&ctx, &schedule),
+        now,
+    );
+    let api: Api<Backup> = Api::namespaced(ctx.client.clone(), &namespace);
+    for running in &plan.replace {
+        let failed = json!({
+            "apiVersion": "backup.cairn.dev/v1", "kind": "Backup",
+            "status": { "phase": "Failed", "completedAt": cairn_api::common::Time(now),
+                        "error": "replaced by the schedule's next slot (concurrencyPolicy Replace)" },
+        });
+        api.patch_status(
+            running,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&failed),
+        )
+        .await?;
+    }
+    if let Some(backup) = &plan.create {
+        match api.create(&PostParams::default(), backup).await {
+            Ok(_) => {
+                announce(
+                    &ctx,
+                    &schedule,
+                    EventType::Normal,
+                    "Scheduled",
+                    format!("created Backup {}", backup.name_any()),
+                )
+                .await
+            }
+            // Made before a restart that lost the status write: the same slot.
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if let Some(why) = &plan.skipped {
+        tracing::debug!(schedule = %name, %why, "slot not taken");
+    }
+    for old in &plan.delete {
+        match api.delete(old, &DeleteParams::background()).await {
+            Ok(_) => {
+                announce(
+                    &ctx,
+                    &schedule,
+                    EventType::Normal,
+                    "Retention",
+                    format!("deleted Backup {old}"),
+                )
+                .await
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if Some(&plan.status) != schedule.status.as_ref() {
+        write_status(&schedules, &schedule, plan.status.clone()).await?;
+    }
+    Ok(plan.recheck.map_or(Recheck::AfterResync, Recheck::Within))
+}
+
+/// Whether the schedule's cluster archives its WAL, as its
+/// `ContinuousArchiving` condition says (a cluster without the condition
+/// archives nothing to fail).
+fn archiving(ctx: &Context, schedule: &BackupSchedule) -> Result<(), String> {
+    let cluster = ctx.caches.clusters.get(
+        &ObjectRef::<DatabaseCluster>::new(&schedule.spec.template.spec.cluster.name)
+            .within(&schedule.namespace().unwrap_or_default()),
+    );
+    let failing = cluster.as_ref().and_then(|c| {
+        let condition = conditions::find(&c.status.as_ref()?.conditions, "ContinuousArchiving")?;
+        (condition.status == "False")
+            .then(|| format!("{}: {}", condition.reason, condition.message))
+    });
+    failing.map_or(Ok(()), Err)
+}
+
+async fn write_status(
+    api: &Api<BackupSchedule>,
+    schedule: &BackupSchedule,
+    status: cairn_api::backup::v1::BackupScheduleStatus,
+) -> Result<(), kube::Error> {
+    let patch = json!({
+        "apiVersion": "backup.cairn.dev/v1",
+        "kind": "BackupSchedule",
+        "status": status,
+    });
+    api.patch_status(
+        &schedule.name_any(),
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
+async fn announce(
+    ctx: &Context,
+    schedule: &BackupSchedule,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
+    backup::publish(
+        &ctx.recorder,
+        &schedule.object_ref(&()),
+        type_,
+        reason,
+        note,
+    )
+    .await;
+}
