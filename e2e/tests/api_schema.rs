@@ -237,7 +237,7 @@ fn cases() -> Vec<Case> {
             "two bootstraps",
             DBC,
             json!({"spec": {"bootstrap": {"fromBackup": {"name": "b"}}}}),
-            &["set exactly one of initdb and fromBackup"],
+            &["set exactly one of initdb, fromBackup and fromBucket"],
         ),
         invalid(
             "two recovery targets",
@@ -260,7 +260,7 @@ fn cases() -> Vec<Case> {
             "empty bootstrap",
             DBC,
             json!({"spec": {"bootstrap": {"initdb": null}}}),
-            &["set exactly one of initdb and fromBackup"],
+            &["set exactly one of initdb, fromBackup and fromBucket"],
         ),
         invalid(
             "database name with capitals",

@@ -4,7 +4,9 @@
 //! network) with its manifest, and reported in the Backup's status; a
 //! Backup whose instance pod is killed midway ends Failed with a reason,
 //! and the bucket's catalog never lists it; a new cluster restored from the
-//! first Backup (`bootstrap.fromBackup`) has every committed row.
+//! first Backup (`bootstrap.fromBackup`) has every committed row, and so has
+//! one restored from the bucket alone once the Backups are deleted
+//! (`bootstrap.fromBucket`).
 
 use std::time::{Duration, Instant};
 
@@ -226,7 +228,7 @@ async fn a_standby_takes_a_base_backup_and_a_killed_one_fails_cleanly() -> Resul
         .status
         .and_then(|s| s.restored_from)
         .ok_or("restoredFrom")?;
-    assert_eq!(source.backup, "first");
+    assert_eq!(source.backup.as_deref(), Some("first"));
     assert_eq!(source.cluster, CLUSTER);
     let count = in_app_database(&ns, "vault-copy-0", "SELECT count(*) FROM items").await?;
     assert_eq!(count, "1000001", "every committed row");
@@ -237,6 +239,38 @@ async fn a_standby_takes_a_base_backup_and_a_killed_one_fails_cleanly() -> Resul
     )
     .await?;
     assert_ne!(timeline, "1", "a new timeline");
+
+    // From the bucket alone: every Backup object deleted, a new cluster
+    // restores the source's folder (its newest complete backup, then all of
+    // its WAL).
+    for name in ["first", "interrupted"] {
+        backups.delete(name, &DeleteParams::default()).await?;
+    }
+    let mut dr = cluster_spec(1);
+    dr.backup = clusters.get(CLUSTER).await?.spec.backup;
+    dr.bootstrap = Some(serde_json::from_value(
+        json!({ "fromBucket": { "cluster": CLUSTER } }),
+    )?);
+    clusters
+        .create(
+            &PostParams::default(),
+            &DatabaseCluster::new("vault-dr", dr),
+        )
+        .await?;
+    let restoring = Instant::now();
+    wait::for_object(&clusters, "vault-dr", "Ready", READY_TIMEOUT, |c| {
+        wait::condition_status(c, "Ready").as_deref() == Some("True")
+    })
+    .await?;
+    eprintln!(
+        "vault-dr restored from the bucket alone and Ready {:.1} s after its creation",
+        restoring.elapsed().as_secs_f64()
+    );
+    let count = in_app_database(&ns, "vault-dr-0", "SELECT count(*) FROM items").await?;
+    assert_eq!(
+        count, "1000001",
+        "every committed row, from the bucket alone"
+    );
     Ok(())
 }
 

@@ -361,11 +361,11 @@ pub struct SchedulingSpec {
 }
 
 /// How the first instance gets its data. Exactly one of `initdb` and
-/// `fromBackup`.
+/// `fromBackup` (and `fromBucket`).
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("has(self.initdb) != has(self.fromBackup)")
-    .message("spec.bootstrap: set exactly one of initdb and fromBackup"))]
+#[x_kube(validation = Rule::new("[has(self.initdb), has(self.fromBackup), has(self.fromBucket)].filter(x, x).size() == 1")
+    .message("spec.bootstrap: set exactly one of initdb, fromBackup and fromBucket"))]
 pub struct BootstrapSpec {
     /// Create a new, empty database.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -377,6 +377,46 @@ pub struct BootstrapSpec {
     /// restored cluster starts a new timeline and archives to its own folder.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_backup: Option<FromBackupSpec>,
+    /// Restore from the bucket alone, without a Backup object (disaster
+    /// recovery: the Kubernetes cluster that made the backups is gone): the
+    /// folder of cluster `cluster` in this cluster's
+    /// `spec.backup.destination`, its newest complete backup (the newest
+    /// completed before the target time, with one) unless `backupId` names
+    /// one, then its archived WAL up to the recovery target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_bucket: Option<FromBucketSpec>,
+}
+
+impl BootstrapSpec {
+    /// Whether the first primary restores a backup instead of initdb.
+    pub fn restores(&self) -> bool {
+        self.from_backup.is_some() || self.from_bucket.is_some()
+    }
+
+    /// Where a restore's replay stops, if it says.
+    pub fn recovery_target(&self) -> Option<&RecoveryTarget> {
+        self.from_backup
+            .as_ref()
+            .and_then(|f| f.recovery_target.as_ref())
+            .or_else(|| self.from_bucket.as_ref()?.recovery_target.as_ref())
+    }
+}
+
+/// Which cluster's backups to restore from a bucket.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct FromBucketSpec {
+    /// The name of the cluster whose folder holds the backups and WAL.
+    #[schemars(length(min = 1, max = 63))]
+    pub cluster: String,
+    /// A backup's id in that folder (`<Backup name>-<8 hex digits>`); the
+    /// newest suitable one when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[a-z0-9][a-z0-9.-]{0,252}$"))]
+    pub backup_id: Option<String>,
+    /// Where replay stops; all the archived WAL when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery_target: Option<RecoveryTarget>,
 }
 
 /// Which Backup to restore, and how far to replay the WAL after it.
@@ -499,14 +539,18 @@ pub struct DatabaseClusterStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RestoredFrom {
-    /// The Backup object.
-    pub backup: String,
+    /// The Backup object (`fromBackup`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<String>,
     /// The cluster it was taken of: its folder holds the backup and the WAL
     /// replayed after it.
     pub cluster: String,
-    /// The backup's id in that folder's catalog.
-    pub backup_id: String,
-    /// `s3://` URL of the backup.
+    /// The backup's id in that folder's catalog; unset when the instance
+    /// chooses the newest suitable one (`fromBucket` without `backupId`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup_id: Option<String>,
+    /// `s3://` URL of the backup, or of the cluster's folder when the
+    /// instance chooses the backup.
     pub location: String,
 }
 

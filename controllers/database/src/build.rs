@@ -733,8 +733,7 @@ fn restore_env(cluster: &DatabaseCluster) -> Vec<EnvVar> {
         .spec
         .bootstrap
         .as_ref()
-        .and_then(|b| b.from_backup.as_ref())
-        .and_then(|f| f.recovery_target.as_ref());
+        .and_then(|b| b.recovery_target());
     let time = target
         .and_then(|t| t.time.as_ref())
         .map(|t| t.0.to_string());
@@ -744,7 +743,7 @@ fn restore_env(cluster: &DatabaseCluster) -> Vec<EnvVar> {
         .map(|_| "true".to_owned());
     [
         ("CAIRN_RESTORE_CLUSTER", Some(source.cluster.clone())),
-        ("CAIRN_RESTORE_BACKUP_ID", Some(source.backup_id.clone())),
+        ("CAIRN_RESTORE_BACKUP_ID", source.backup_id.clone()),
         ("CAIRN_RESTORE_TARGET_TIME", time),
         (
             "CAIRN_RESTORE_TARGET_LSN",

@@ -226,7 +226,7 @@ pub async fn reconcile(cluster: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Resu
             let mut observed = status::waiting(
                 &cluster,
                 status::reason::CREATING,
-                &format!("restoring Backup {:?} ({})", source.backup, source.location),
+                &format!("restoring {}", source.location),
                 &now,
             );
             observed.restored_from = Some(source);
@@ -1097,7 +1097,7 @@ async fn label_roles(
         .spec
         .bootstrap
         .as_ref()
-        .is_some_and(|b| b.from_backup.is_some());
+        .is_some_and(|b| b.restores());
     let bootstrap_kind = if restores {
         BOOTSTRAP_RESTORE
     } else {

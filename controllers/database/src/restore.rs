@@ -1,12 +1,12 @@
-//! `bootstrap.fromBackup`: which backup a new cluster restores, checked
-//! before anything is created. The backup and the WAL after it are read from
+//! `bootstrap.fromBackup` and `fromBucket`: which backup a new cluster
+//! restores, checked before anything is created. The backup and the WAL after it are read from
 //! this cluster's own backup destination (its instances hold only those
 //! credentials), in the source cluster's folder; the restored cluster
 //! archives to its own folder, so its name must differ from the source's.
 
 use cairn_api::backup::layout::{BackupId, Layout};
 use cairn_api::backup::v1::{Backup, BackupPhase};
-use cairn_api::database::v1::{DatabaseCluster, RestoredFrom};
+use cairn_api::database::v1::{DatabaseCluster, FromBucketSpec, RestoredFrom};
 use kube::{Api, ResourceExt};
 
 use crate::build;
@@ -42,25 +42,71 @@ pub mod reason {
     pub const SAME_NAME: &str = "RestoreIntoSourceName";
 }
 
-/// The restore's source, reading the Backup (outside the caches: only a
-/// cluster that was never initialised and whose source is not recorded yet
-/// reads it, once per attempt).
+/// The restore's source. A `fromBackup` reads its Backup (outside the
+/// caches: only a cluster never initialised whose source is not recorded yet
+/// reads it); a `fromBucket` needs nothing but the spec.
 pub async fn source(ctx: &Context, cluster: &DatabaseCluster) -> Result<Source, Error> {
-    let Some(wanted) = wanted(cluster) else {
+    let status = cluster.status.as_ref();
+    let settled = status.is_some_and(|s| s.restored_from.is_some() || s.initialized);
+    let bootstrap = cluster.spec.bootstrap.as_ref();
+    if settled {
+        return Ok(Source::Recorded);
+    }
+    if let Some(from) = bootstrap.and_then(|b| b.from_bucket.as_ref()) {
+        return Ok(check_bucket(cluster, from));
+    }
+    let Some(from) = bootstrap.and_then(|b| b.from_backup.as_ref()) else {
         return Ok(Source::Recorded);
     };
     let api: Api<Backup> =
         Api::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default());
-    let backup = api.get_opt(&wanted).await?;
+    let backup = api.get_opt(&from.name).await?;
     Ok(check(cluster, backup.as_ref()))
 }
 
-/// The Backup to look up, when the source is still to be found.
-fn wanted(cluster: &DatabaseCluster) -> Option<String> {
-    let from = cluster.spec.bootstrap.as_ref()?.from_backup.as_ref()?;
-    let status = cluster.status.as_ref();
-    let settled = status.is_some_and(|s| s.restored_from.is_some() || s.initialized);
-    (!settled).then(|| from.name.clone())
+/// Whether the folder of cluster `from.cluster` in this cluster's
+/// destination can be restored (which backup is for the instance to find
+/// in the bucket, with the credentials only it holds).
+pub fn check_bucket(cluster: &DatabaseCluster, from: &FromBucketSpec) -> Source {
+    if from.cluster == cluster.name_any() {
+        return Source::Refused {
+            reason: reason::SAME_NAME,
+            message: format!(
+                "fromBucket.cluster is {:?}, this cluster's own name: it would archive its WAL \
+                 into the source's folder; restore into a cluster of another name",
+                from.cluster
+            ),
+        };
+    }
+    let Some(s3) = build::archive_destination(cluster) else {
+        return no_destination();
+    };
+    let folder = Layout::new(s3.prefix.as_deref().unwrap_or(""), &from.cluster);
+    let location = match from.backup_id.as_deref().map(BackupId::parse) {
+        Some(Ok(id)) => format!("s3://{}/{}", s3.bucket, folder.base_backup(&id)),
+        Some(Err(e)) => {
+            return Source::Refused {
+                reason: reason::BACKUP_ELSEWHERE,
+                message: e.to_string(),
+            };
+        }
+        None => format!("s3://{}/{}", s3.bucket, folder.root()),
+    };
+    Source::Found(RestoredFrom {
+        backup: None,
+        cluster: from.cluster.clone(),
+        backup_id: from.backup_id.clone(),
+        location,
+    })
+}
+
+fn no_destination() -> Source {
+    Source::Refused {
+        reason: reason::NO_DESTINATION,
+        message: "a restore reads the backup and its WAL from spec.backup.destination (s3), \
+                  which is unset: give it the bucket and prefix the backup is in"
+            .into(),
+    }
 }
 
 /// Whether `backup` can be restored into `cluster`.
@@ -108,12 +154,7 @@ pub fn check(cluster: &DatabaseCluster, backup: Option<&Backup>) -> Source {
         };
     }
     let Some(s3) = build::archive_destination(cluster) else {
-        return Source::Refused {
-            reason: reason::NO_DESTINATION,
-            message: "a restore reads the backup and its WAL from spec.backup.destination (s3), \
-                      which is unset: give it the bucket and prefix the backup is in"
-                .into(),
-        };
+        return no_destination();
     };
     let id = status.backup_id.clone().unwrap_or_default();
     let expected = BackupId::parse(&id).ok().map(|id| {
@@ -134,9 +175,9 @@ pub fn check(cluster: &DatabaseCluster, backup: Option<&Backup>) -> Source {
         };
     }
     Source::Found(RestoredFrom {
-        backup: name,
+        backup: Some(name),
         cluster: source,
-        backup_id: id,
+        backup_id: Some(id),
         location,
     })
 }
@@ -177,12 +218,45 @@ mod tests {
         assert_eq!(
             check(&restoring(), Some(&done)),
             Source::Found(RestoredFrom {
-                backup: "nightly".into(),
+                backup: Some("nightly".into()),
                 cluster: "orders".into(),
-                backup_id: "nightly-0a1b2c3d".into(),
+                backup_id: Some("nightly-0a1b2c3d".into()),
                 location: "s3://wal/shop/orders/base/nightly-0a1b2c3d/".into(),
             })
         );
+    }
+
+    #[test]
+    fn a_bucket_restore_names_the_source_folder_and_leaves_the_choice_to_the_instance() {
+        let mut cluster = restoring();
+        let from: FromBucketSpec =
+            serde_json::from_value(json!({ "cluster": "orders" })).expect("from");
+        assert_eq!(
+            check_bucket(&cluster, &from),
+            Source::Found(RestoredFrom {
+                backup: None,
+                cluster: "orders".into(),
+                backup_id: None,
+                location: "s3://wal/shop/orders/".into(),
+            })
+        );
+        let same: FromBucketSpec =
+            serde_json::from_value(json!({ "cluster": "copy" })).expect("from");
+        assert!(matches!(
+            check_bucket(&cluster, &same),
+            Source::Refused {
+                reason: reason::SAME_NAME,
+                ..
+            }
+        ));
+        cluster.spec.backup = None;
+        assert!(matches!(
+            check_bucket(&cluster, &from),
+            Source::Refused {
+                reason: reason::NO_DESTINATION,
+                ..
+            }
+        ));
     }
 
     #[test]

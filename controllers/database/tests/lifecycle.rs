@@ -678,8 +678,8 @@ async fn clusters_that_cannot_proceed_say_why() -> Result<(), Error> {
         .and_then(|s| s.restored_from)
         .expect("recorded");
     assert_eq!(
-        (source.cluster.as_str(), source.backup_id.as_str()),
-        ("held", "nightly-0a1b2c3d")
+        (source.cluster.as_str(), source.backup_id.as_deref()),
+        ("held", Some("nightly-0a1b2c3d"))
     );
     let set = wait::for_object(
         &namespace.api::<StatefulSet>(),
@@ -708,6 +708,28 @@ async fn clusters_that_cannot_proceed_say_why() -> Result<(), Error> {
     assert_eq!(
         env.get("CAIRN_RESTORE_TARGET_LSN").map(String::as_str),
         Some("0/3000060")
+    );
+
+    // From the bucket alone (no Backup object): the source's folder
+    // recorded, the backup left for the instance to choose there.
+    let mut recovered = support::database_cluster("recovered", 1);
+    recovered.spec.bootstrap =
+        serde_json::from_value(json!({ "fromBucket": { "cluster": "held" } }))
+            .map_err(|e| Error::Setup(e.to_string()))?;
+    recovered.spec.backup = copy.spec.backup.clone();
+    support::create(&clusters, &recovered).await?;
+    let recorded = wait::for_object(&clusters, "recovered", "restoredFrom", LONG, |c| {
+        c.status.as_ref().is_some_and(|s| s.restored_from.is_some())
+    })
+    .await?;
+    let source = recorded
+        .status
+        .and_then(|s| s.restored_from)
+        .expect("recorded");
+    assert_eq!(source.location, "s3://backups/held/");
+    assert_eq!(
+        (source.backup.as_deref(), source.backup_id.as_deref()),
+        (None, None)
     );
     Ok(())
 }

@@ -116,8 +116,9 @@ pub struct Config {
     #[arg(long, env = "CAIRN_WAL_ARCHIVE_MAX_PENDING_BYTES")]
     pub wal_archive_max_pending_bytes: Option<u64>,
     /// Restore: the cluster whose backup a new cluster's first primary
-    /// restores (its folder in this cluster's bucket), the backup's id, and
-    /// at most one recovery target (all the archived WAL when none).
+    /// restores (its folder in this cluster's bucket), the backup's id (the
+    /// newest suitable one when unset), and at most one recovery target (all
+    /// the archived WAL when none).
     #[arg(long, env = "CAIRN_RESTORE_CLUSTER")]
     pub restore_cluster: Option<String>,
     #[arg(long, env = "CAIRN_RESTORE_BACKUP_ID")]
@@ -170,11 +171,12 @@ impl Config {
     }
 
     /// What a restore reads, when this instance is configured to restore:
-    /// the source cluster and the backup's id.
-    pub fn restore_source(&self) -> Option<(&str, &str)> {
+    /// the source cluster and the backup's id (the newest suitable backup
+    /// of the source when unset).
+    pub fn restore_source(&self) -> Option<(&str, Option<&str>)> {
         Some((
             self.restore_cluster.as_deref()?,
-            self.restore_backup_id.as_deref()?,
+            self.restore_backup_id.as_deref(),
         ))
     }
 

@@ -208,7 +208,8 @@ async fn a_standby_backs_up_on_request_and_the_backup_restores() -> Result {
 /// New clusters `copy` and `copy2` restored from backup `id` of `orders`
 /// (its instances running outside pods: the configuration says restore):
 /// up to a time between two batches of rows (the first present, the second
-/// absent), and to the end of the archive (both present); each on a new
+/// absent), and to the end of the archive (both present); `copy3` from the
+/// newest backup in the bucket's catalog, without an id; each on a new
 /// timeline, writable, archiving to its own folder, never the source's.
 async fn restores_to_a_point_in_time_and_to_the_end(
     fixture: &Fixture,
@@ -258,17 +259,21 @@ async fn restores_to_a_point_in_time_and_to_the_end(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
-    for (name, target, rows) in [
-        ("copy", Some(target.as_str()), 50100),
-        ("copy2", None, 50200),
+    // copy3: no backup named, the newest in the source's catalog.
+    for (name, backup, target, rows) in [
+        ("copy", Some(id), Some(target.as_str()), 50100),
+        ("copy2", Some(id), None, 50200),
+        ("copy3", None, None, 50200),
     ] {
         let mut spec = fixture.instance(&format!("{name}-0"), "primary")?;
         spec = fixture
             .archiving_to(spec, &cluster_endpoint(), bucket)?
             .env("CAIRN_CLUSTER", name)
             .env("CAIRN_MEMBERSHIP", "false")
-            .env("CAIRN_RESTORE_CLUSTER", "orders")
-            .env("CAIRN_RESTORE_BACKUP_ID", id);
+            .env("CAIRN_RESTORE_CLUSTER", "orders");
+        if let Some(id) = backup {
+            spec = spec.env("CAIRN_RESTORE_BACKUP_ID", id);
+        }
         if let Some(time) = target {
             spec = spec.env("CAIRN_RESTORE_TARGET_TIME", time);
         }

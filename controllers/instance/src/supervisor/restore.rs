@@ -8,7 +8,7 @@
 
 use std::os::unix::fs::PermissionsExt;
 
-use cairn_storage::{BackupId, BaseBackups};
+use cairn_storage::{BackupId, BaseBackups, Manifest};
 
 use super::folder::{remove_dir_if_present, sibling};
 use super::*;
@@ -17,8 +17,7 @@ impl Supervisor {
     pub(super) async fn restore(&self) -> Result<(), Error> {
         let (source, id) = self.config.restore_source().ok_or_else(|| {
             Error::Setup(
-                "told to restore a backup, but no source is configured \
-                 (CAIRN_RESTORE_CLUSTER, CAIRN_RESTORE_BACKUP_ID)"
+                "told to restore a backup, but no source is configured (CAIRN_RESTORE_CLUSTER)"
                     .to_owned(),
             )
         })?;
@@ -31,18 +30,25 @@ impl Supervisor {
                     "a restore reads the bucket of CAIRN_BACKUP_BUCKET, which is unset".to_owned(),
                 )
             })?;
-        let id = BackupId::parse(id).map_err(|e| Error::Setup(e.to_string()))?;
         let backups = BaseBackups::new(&settings, source);
+        let manifest = match id {
+            Some(id) => {
+                let id = BackupId::parse(id).map_err(|e| Error::Setup(e.to_string()))?;
+                let location = backups.location(&id);
+                backups
+                    .manifest(&id)
+                    .await
+                    .map_err(|e| Error::Program(format!("reading the manifest of {location}: {}", e.summary())))?
+                    .ok_or_else(|| {
+                        Error::Refused(format!(
+                            "{location} has no manifest: not a complete backup; refusing to start anything else in its place"
+                        ))
+                    })?
+            }
+            None => self.newest_backup(&backups, source).await?,
+        };
+        let id = BackupId::parse(&manifest.id).map_err(|e| Error::Setup(e.to_string()))?;
         let location = backups.location(&id);
-        let manifest = backups
-            .manifest(&id)
-            .await
-            .map_err(|e| Error::Program(format!("reading the manifest of {location}: {}", e.summary())))?
-            .ok_or_else(|| {
-                Error::Refused(format!(
-                    "{location} has no manifest: not a complete backup; refusing to start anything else in its place"
-                ))
-            })?;
         let target = sibling(&self.config.data_dir, "restore");
         remove_dir_if_present(&target)?;
         std::fs::create_dir_all(&target)
@@ -70,6 +76,36 @@ impl Supervisor {
             "base backup downloaded and unpacked"
         );
         self.move_into_place(&target, "restore")
+    }
+
+    /// The newest complete backup of `source` from the bucket's catalog
+    /// (with a target time, the newest that completed before it).
+    async fn newest_backup(&self, backups: &BaseBackups, source: &str) -> Result<Manifest, Error> {
+        let before = match self.config.restore_target().map_err(Error::Setup)? {
+            conf::RecoveryTarget::Time(_) => self.config.restore_target_time.clone(),
+            _ => None,
+        };
+        let catalog = backups.catalog().await.map_err(|e| {
+            Error::Program(format!("reading the catalog of {source}: {}", e.summary()))
+        })?;
+        let suitable = |m: &Manifest| {
+            before.as_ref().is_none_or(|time| {
+                let (Ok(done), Ok(target)) = (
+                    m.completed_at.parse::<k8s_openapi::jiff::Timestamp>(),
+                    time.parse::<k8s_openapi::jiff::Timestamp>(),
+                ) else {
+                    return false;
+                };
+                done <= target
+            })
+        };
+        catalog.into_iter().rev().find(suitable).ok_or_else(|| {
+            Error::Refused(format!(
+                "no complete backup of cluster {source} in the bucket{}: nothing to restore, and \
+                 nothing else is started in its place",
+                before.map(|t| format!(" before {t}")).unwrap_or_default()
+            ))
+        })
     }
 }
 
