@@ -75,7 +75,7 @@ impl Context {
                 b.namespace().as_deref() == Some(namespace.as_str())
                     && &b.spec.cluster.name == cluster_name
                     && b.uid() != backup.uid()
-                    && b.status.as_ref().and_then(|s| s.phase) == Some(BackupPhase::Running)
+                    && ahead_of(b, backup)
             })
             .map(|b| b.name_any())
             .collect();
@@ -106,6 +106,27 @@ impl Context {
             uid: pod.uid().unwrap_or_default(),
             observed,
             renewed,
+        }
+    }
+}
+
+/// Whether `other`, a Backup of the same cluster, goes before `backup`:
+/// it runs, or it waits and is older (creation, then name). Backups are
+/// handed out oldest first, so two reconciles running at once, each reading
+/// a cache without the other's assignment, never both assign.
+fn ahead_of(other: &Backup, backup: &Backup) -> bool {
+    let key = |b: &Backup| {
+        (
+            b.metadata.creation_timestamp.clone().map(|t| t.0),
+            b.name_any(),
+        )
+    };
+    match other.status.as_ref().and_then(|s| s.phase) {
+        Some(BackupPhase::Running) => true,
+        Some(BackupPhase::Completed | BackupPhase::Failed) => false,
+        _ => {
+            backup.status.as_ref().and_then(|s| s.phase) != Some(BackupPhase::Running)
+                && key(other) < key(backup)
         }
     }
 }
@@ -178,5 +199,35 @@ pub async fn publish(
     };
     if let Err(e) = recorder.publish(&event, object).await {
         tracing::warn!(error = %e, "cannot publish an Event");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn backup(name: &str, created: &str, phase: Option<&str>) -> Backup {
+        serde_json::from_value(json!({
+            "apiVersion": "backup.cairn.dev/v1", "kind": "Backup",
+            "metadata": { "name": name, "creationTimestamp": created },
+            "spec": { "cluster": { "name": "orders" }, "method": "physical" },
+            "status": phase.map(|p| json!({ "phase": p })).unwrap_or(json!({})),
+        }))
+        .expect("backup")
+    }
+
+    #[test]
+    fn backups_of_a_cluster_are_handed_out_oldest_first() {
+        let hourly = backup("hourly", "2026-11-26T00:00:00Z", None);
+        let daily = backup("daily", "2026-11-26T00:00:00Z", None);
+        let later = backup("later", "2026-11-26T00:00:05Z", Some("Pending"));
+        // Same second: by name; the other one waits.
+        assert!(ahead_of(&daily, &hourly) && !ahead_of(&hourly, &daily));
+        assert!(ahead_of(&hourly, &later) && !ahead_of(&later, &hourly));
+        let running = backup("later", "2026-11-26T00:00:05Z", Some("Running"));
+        assert!(ahead_of(&running, &hourly), "a running one goes first");
+        let done = backup("old", "2026-11-25T00:00:00Z", Some("Completed"));
+        assert!(!ahead_of(&done, &hourly));
     }
 }

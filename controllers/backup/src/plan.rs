@@ -41,7 +41,8 @@ pub struct Instance {
 pub struct World {
     pub cluster: Option<Arc<DatabaseCluster>>,
     pub instances: Vec<Instance>,
-    /// Other Backups of the same cluster that are Running.
+    /// Other Backups of the same cluster that go first: Running, or
+    /// waiting and older.
     pub running: Vec<String>,
     pub now: Timestamp,
 }
@@ -151,7 +152,9 @@ fn start(backup: &Backup, world: &World) -> Decision {
     if let Some(other) = world.running.first() {
         return wait(
             "AnotherBackupRunning",
-            format!("waiting for Backup {other} of the same cluster to finish"),
+            format!(
+                "waiting for Backup {other} of the same cluster to finish (one at a time, oldest first)"
+            ),
         );
     }
     match choose(&world.instances, &location, world.now) {

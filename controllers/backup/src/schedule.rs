@@ -19,6 +19,7 @@ use serde_json::json;
 use crate::MANAGER;
 use crate::backup::{self, Context};
 use crate::error::Error;
+use crate::plan::{self, Decision};
 use crate::schedule_plan::{self, Timing};
 
 pub async fn reconcile(schedule: Arc<BackupSchedule>, ctx: Arc<Context>) -> Result<Recheck, Error> {
@@ -63,17 +64,24 @@ pub async fn reconcile(schedule: Arc<BackupSchedule>, ctx: Arc<Context>) -> Resu
     );
     let api: Api<Backup> = Api::namespaced(ctx.client.clone(), &namespace);
     for running in &plan.replace {
-        let failed = json!({
-            "apiVersion": "backup.cairn.dev/v1", "kind": "Backup",
-            "status": { "phase": "Failed", "completedAt": cairn_api::common::Time(now),
-                        "error": "replaced by the schedule's next slot (concurrencyPolicy Replace)" },
-        });
-        api.patch_status(
-            running,
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&failed),
-        )
-        .await?;
+        let Some(backup) = backups.iter().find(|b| b.name_any() == *running) else {
+            continue;
+        };
+        let replaced = Decision::Failed {
+            reason: "Replaced",
+            message: "replaced by the schedule's next slot (concurrencyPolicy Replace)".into(),
+        };
+        if let Some(status) = plan::status(backup, &replaced, now) {
+            let patch = json!({
+                "apiVersion": "backup.cairn.dev/v1", "kind": "Backup", "status": status,
+            });
+            api.patch_status(
+                running,
+                &PatchParams::apply(MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await?;
+        }
     }
     if let Some(backup) = &plan.create {
         match api.create(&PostParams::default(), backup).await {

@@ -123,7 +123,9 @@ pub fn plan(
             skipped = Some(format!(
                 "the slot {slot} was missed by more than startingDeadlineSeconds"
             ));
-        } else if !active.is_empty()
+        } else if active
+            .iter()
+            .any(|b| b.name_any() != backup_name(&schedule.name_any(), slot))
             && schedule.spec.concurrency_policy == ConcurrencyPolicy::Forbid
         {
             skipped = Some(format!(
@@ -131,10 +133,20 @@ pub fn plan(
                 active[0].name_any()
             ));
         } else {
+            // This slot's Backup may exist already (made before a restart
+            // that lost the status write): it is neither replaced nor made
+            // again.
+            let name = backup_name(&schedule.name_any(), slot);
             if schedule.spec.concurrency_policy == ConcurrencyPolicy::Replace {
-                replace = active.iter().map(|b| b.name_any()).collect();
+                replace = active
+                    .iter()
+                    .map(|b| b.name_any())
+                    .filter(|other| *other != name)
+                    .collect();
             }
-            create = Some(new_backup(schedule, slot));
+            if !backups.iter().any(|b| b.name_any() == name) {
+                create = Some(new_backup(schedule, slot));
+            }
             status.last_schedule_time = Some(Time(slot));
         }
     }
@@ -270,7 +282,9 @@ fn new_backup(schedule: &BackupSchedule, slot: Timestamp) -> Backup {
         name: schedule.name_any(),
         uid: schedule.uid().unwrap_or_default(),
         controller: Some(true),
-        block_owner_deletion: Some(true),
+        // Not blocking the schedule's deletion: that would need `update` on
+        // backupschedules/finalizers where owner references are enforced.
+        block_owner_deletion: None,
     }]);
     backup
 }
@@ -440,6 +454,18 @@ mod tests {
         let replaced = plan_at(&replace, &running, "2026-11-26T03:10:00Z");
         assert_eq!(replaced.replace, vec!["nightly-202611250300".to_owned()]);
         assert!(replaced.create.is_some());
+        // The slot's own Backup, made before a restart lost the status
+        // write: recorded, neither replaced nor made again.
+        let own = [backup("nightly-202611260300", "Running", "")];
+        let again = plan_at(&replace, &own, "2026-11-26T03:10:00Z");
+        assert!(
+            again.replace.is_empty() && again.create.is_none(),
+            "{again:?}"
+        );
+        assert_eq!(
+            again.status.last_schedule_time,
+            Some(Time(at("2026-11-26T03:00:00Z")))
+        );
         let allow = schedule(json!({ "concurrencyPolicy": "Allow" }), json!({}));
         let both = plan_at(&allow, &running, "2026-11-26T03:10:00Z");
         assert!(both.create.is_some() && both.replace.is_empty());

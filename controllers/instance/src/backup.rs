@@ -46,7 +46,10 @@ pub fn assigned<'a>(backups: impl IntoIterator<Item = &'a Backup>, pod: &str) ->
                 s.phase == Some(BackupPhase::Running) && s.instance.as_deref() == Some(pod)
             }) && b.metadata.deletion_timestamp.is_none()
         })
-        .min_by_key(|b| b.status.as_ref().and_then(|s| s.started_at.clone()))
+        .min_by_key(|b| {
+            let started = b.status.as_ref().and_then(|s| s.started_at.clone());
+            (started.map(|t| t.0), b.name_any())
+        })
         .map(|b| Request {
             name: b.name_any(),
             uid: b.uid().unwrap_or_default(),
@@ -176,13 +179,18 @@ impl Taker {
             .await;
         let exit = child.wait().await;
         let log = log.await.unwrap_or_default();
+        // The bucket's failure first: it breaks pg_basebackup's pipe, and
+        // "broken pipe" would hide the cause.
+        let file = uploaded.map_err(|e| e.summary())?;
         if !exit.success() {
+            // What it wrote before failing was stored (its stdout closed):
+            // no manifest makes it a backup, but it is removed all the same.
+            let _ = self.backups.delete(id).await;
             return Err(format!(
                 "pg_basebackup failed ({exit}): {}",
                 last_lines(&log, 3)
             ));
         }
-        let file = uploaded.map_err(|e| e.summary())?;
         let range = WalRange::parse(&log).ok_or_else(|| {
             format!(
                 "pg_basebackup did not report its WAL range: {}",

@@ -62,9 +62,12 @@ fn main() -> ExitCode {
             Ok(true) => ExitCode::SUCCESS,
             // Not archived: PostgreSQL's end of the archive.
             Ok(false) => ExitCode::FAILURE,
+            // Any other failure must not read as the end of the archive
+            // (recovery would end early and promote): an exit code above
+            // 125 stops the server, and the instance starts it again.
             Err(message) => {
                 eprintln!("cairn-instance wal-restore: {message}");
-                ExitCode::FAILURE
+                ExitCode::from(255)
             }
         };
     }

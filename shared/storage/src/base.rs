@@ -20,12 +20,18 @@ use crate::{Layout, S3Settings, StorageError};
 /// and a higher level costs more CPU than the network saves.
 const ZSTD_LEVEL: i32 = 3;
 /// Parts of a multipart upload: S3 takes at most 10,000, so the size grows
-/// by steps (8 MiB for the first 80 GB of compressed data).
+/// by steps: 8 MiB for the first 8 GB of compressed data, then 16, 32, and
+/// 64 MiB from 56 GB (about 490 GB in all).
 const FIRST_PART: usize = 8 << 20;
-/// Parts compressed ahead of the upload, and parts in flight: memory stays
-/// under (queued + in flight) × part size.
-const PARTS_QUEUED: usize = 2;
-const PARTS_IN_FLIGHT: usize = 4;
+const LARGEST_PART_STEP: usize = 3;
+/// Parts compressed ahead of the upload.
+const PARTS_QUEUED: usize = 1;
+/// Downloaded chunks (a few KiB to a MiB each) waiting for the decoder.
+const CHUNKS_QUEUED: usize = 16;
+/// Bytes of parts in flight (at least one part): with the part being
+/// compressed and the one queued, memory stays under 48 MiB up to 8 GB
+/// compressed, and under 192 MiB with the largest parts.
+const BYTES_IN_FLIGHT: usize = 32 << 20;
 
 /// What a backup's manifest records: enough to restore it, verify it and
 /// list it without reading anything else.
@@ -117,20 +123,20 @@ impl BaseBackups {
             .await
             .map_err(|e| s3("CreateMultipartUpload", &key, e))?;
         let upload_id = upload.upload_id().unwrap_or_default().to_owned();
-        let stored = self.upload_parts(&key, &upload_id, source, progress).await;
-        let (parts, file) = match stored {
+        // Aborted however this ends before completing: an error, or the
+        // future dropped (the backup cancelled). An upload left incomplete
+        // is invisible, but billed until a lifecycle rule removes it.
+        let mut abort = AbortOnDrop {
+            client: self.client.clone(),
+            bucket: self.bucket.clone(),
+            key: key.clone(),
+            upload_id: upload_id.clone(),
+            armed: true,
+        };
+        let (parts, file) = match self.upload_parts(&key, &upload_id, source, progress).await {
             Ok(stored) => stored,
             Err(e) => {
-                // Best effort: an upload left incomplete is invisible but
-                // billed until a lifecycle rule removes it.
-                let _ = self
-                    .client
-                    .abort_multipart_upload()
-                    .bucket(&self.bucket)
-                    .key(&key)
-                    .upload_id(&upload_id)
-                    .send()
-                    .await;
+                abort.now().await;
                 return Err(e);
             }
         };
@@ -147,6 +153,7 @@ impl BaseBackups {
             .send()
             .await
             .map_err(|e| s3("CompleteMultipartUpload", &key, e))?;
+        abort.armed = false;
         Ok(StoredFile {
             name: name.to_owned(),
             ..file
@@ -170,7 +177,7 @@ impl BaseBackups {
         let (mut number, mut stored) = (0, 0u64);
         loop {
             tokio::select! {
-                part = parts_rx.recv(), if in_flight.len() < PARTS_IN_FLIGHT => {
+                part = parts_rx.recv(), if in_flight.len() < in_flight_limit(number) => {
                     let Some(part) = part else { break };
                     number += 1;
                     in_flight.push(self.upload_part(key, upload_id, number, part));
@@ -322,12 +329,12 @@ impl BaseBackups {
             .send()
             .await
             .map_err(|e| s3("GetObject", &key, e))?;
-        let (chunks_tx, chunks_rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(PARTS_QUEUED);
+        let (chunks_tx, chunks_rx) = mpsc::channel::<Vec<u8>>(CHUNKS_QUEUED);
         let decoding = tokio::task::spawn_blocking(move || decompress(chunks_rx, sink));
         let mut body = object.body;
         while let Some(chunk) = body.next().await {
             let chunk = chunk.map_err(|e| corrupt(&key, e.to_string()))?;
-            if chunks_tx.send(chunk.to_vec()).is_err() {
+            if chunks_tx.send(chunk.to_vec()).await.is_err() {
                 break; // the decoder stopped: its error says why
             }
         }
@@ -414,13 +421,64 @@ fn compress_into_parts(
     Ok((bytes, hex::encode(hash.finalize())))
 }
 
-/// The size of part `index` (from 0): 8 MiB, doubled every 1,000 parts.
+/// The size of part `index` (from 0): 8 MiB, doubled every 1,000 parts up
+/// to 64 MiB.
 fn part_size(index: usize) -> usize {
-    FIRST_PART << (index / 1000).min(6)
+    FIRST_PART << (index / 1000).min(LARGEST_PART_STEP)
+}
+
+/// Parts in flight once `sent` parts were started.
+fn in_flight_limit(sent: i32) -> usize {
+    let size = part_size(usize::try_from(sent).unwrap_or(0));
+    (BYTES_IN_FLIGHT / size).max(1)
+}
+
+/// Aborts a multipart upload when dropped armed.
+struct AbortOnDrop {
+    client: aws_sdk_s3::Client,
+    bucket: String,
+    key: String,
+    upload_id: String,
+    armed: bool,
+}
+
+impl AbortOnDrop {
+    /// Aborts now, waiting for S3's answer (best effort).
+    async fn now(&mut self) {
+        self.armed = false;
+        let _ = self
+            .client
+            .abort_multipart_upload()
+            .bucket(&self.bucket)
+            .key(&self.key)
+            .upload_id(&self.upload_id)
+            .send()
+            .await;
+    }
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if !self.armed {
+            return;
+        }
+        let request = self
+            .client
+            .abort_multipart_upload()
+            .bucket(&self.bucket)
+            .key(&self.key)
+            .upload_id(&self.upload_id);
+        runtime.spawn(async move {
+            let _ = request.send().await;
+        });
+    }
 }
 
 fn decompress(
-    chunks: std::sync::mpsc::Receiver<Vec<u8>>,
+    mut chunks: mpsc::Receiver<Vec<u8>>,
     sink: impl Write,
 ) -> std::io::Result<(u64, String)> {
     let mut counted = Hashing {
@@ -429,7 +487,7 @@ fn decompress(
         bytes: 0,
     };
     let mut decoder = zstd::stream::write::Decoder::new(&mut counted)?;
-    for chunk in chunks {
+    while let Some(chunk) = chunks.blocking_recv() {
         decoder.write_all(&chunk)?;
     }
     decoder.flush()?;
@@ -470,12 +528,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parts_grow_so_that_ten_thousand_hold_two_terabytes_compressed() {
+    fn parts_grow_so_that_ten_thousand_hold_480_gigabytes_compressed() {
         assert_eq!(part_size(0), 8 << 20);
         assert_eq!(part_size(999), 8 << 20);
         assert_eq!(part_size(1000), 16 << 20);
+        assert_eq!(part_size(9999), 64 << 20);
         let capacity: u64 = (0..10_000).map(|i| part_size(i) as u64).sum();
-        assert!(capacity > 2 << 40, "{capacity}");
+        assert!(capacity > 480 << 30, "{capacity}");
+        assert_eq!((in_flight_limit(0), in_flight_limit(5000)), (4, 1));
     }
 
     #[test]
@@ -485,9 +545,9 @@ mod tests {
         let (bytes, sum) = compress_into_parts(source.as_slice(), tx).expect("compress");
         assert_eq!(bytes, source.len() as u64);
         assert_eq!(sum, hex::encode(Sha256::digest(&source)));
-        let (chunks_tx, chunks_rx) = std::sync::mpsc::sync_channel(100);
+        let (chunks_tx, chunks_rx) = mpsc::channel(100);
         while let Ok(part) = rx.try_recv() {
-            chunks_tx.send(part).expect("send");
+            chunks_tx.try_send(part).expect("send");
         }
         drop(chunks_tx);
         let mut out = Vec::new();

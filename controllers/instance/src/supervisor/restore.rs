@@ -30,6 +30,7 @@ impl Supervisor {
                     "a restore reads the bucket of CAIRN_BACKUP_BUCKET, which is unset".to_owned(),
                 )
             })?;
+        self.refuse_unless_own_folder_is_empty(&settings).await?;
         let backups = BaseBackups::new(&settings, source);
         let manifest = match id {
             Some(id) => {
@@ -70,6 +71,23 @@ impl Supervisor {
         }
         std::fs::write(target.join("recovery.signal"), "")
             .context(|| "recovery.signal".to_owned())?;
+        // Durable before it is moved into place: once there, a folder is
+        // never restored again, so a crash must not leave it torn.
+        let mut sync = Command::new(self.config.program("initdb"));
+        sync.arg("--sync-only").arg("--pgdata").arg(&target);
+        let synced = self
+            .children
+            .run(&mut sync)
+            .await
+            .context(|| "cannot run initdb --sync-only".to_owned())?;
+        if !synced.exit.success() {
+            let _ = remove_dir_if_present(&target);
+            return Err(Error::Program(format!(
+                "syncing the restored folder failed ({}): {}",
+                synced.exit,
+                synced.output.trim()
+            )));
+        }
         tracing::info!(
             seconds = started.elapsed().as_secs_f64(),
             bytes = manifest.stored_bytes(),
@@ -78,8 +96,42 @@ impl Supervisor {
         self.move_into_place(&target, "restore")
     }
 
+    /// A restored cluster archives into its own folder: one that already
+    /// holds WAL or backups (a cluster of the same name restored before, or
+    /// deleted) would mix two histories, and its history files would
+    /// conflict for ever.
+    async fn refuse_unless_own_folder_is_empty(
+        &self,
+        settings: &cairn_storage::S3Settings,
+    ) -> Result<(), Error> {
+        let own = self.config.cluster.as_deref().ok_or_else(|| {
+            Error::Setup("a restore needs this cluster's name (CAIRN_CLUSTER)".to_owned())
+        })?;
+        let archive = cairn_storage::WalArchive::new(settings, own);
+        let wal = archive.list().await.map_err(|e| {
+            Error::Program(format!("reading {}: {}", archive.location(), e.summary()))
+        })?;
+        let backups = BaseBackups::new(settings, own)
+            .catalog()
+            .await
+            .map_err(|e| {
+                Error::Program(format!("reading this cluster's catalog: {}", e.summary()))
+            })?;
+        if !wal.is_empty() || !backups.is_empty() {
+            return Err(Error::Refused(format!(
+                "this cluster's folder already holds {} WAL files and {} backups (a cluster of \
+                 the same name, restored or running before): restoring would mix two histories; \
+                 give the new cluster another name or another prefix",
+                wal.len(),
+                backups.len()
+            )));
+        }
+        Ok(())
+    }
+
     /// The newest complete backup of `source` from the bucket's catalog
-    /// (with a target time, the newest that completed before it).
+    /// (with a target time, the newest that completed before it; with a
+    /// target LSN, the newest that ends at or before it).
     async fn newest_backup(&self, backups: &BaseBackups, source: &str) -> Result<Manifest, Error> {
         let before = match self.config.restore_target().map_err(Error::Setup)? {
             conf::RecoveryTarget::Time(_) => self.config.restore_target_time.clone(),
@@ -88,16 +140,25 @@ impl Supervisor {
         let catalog = backups.catalog().await.map_err(|e| {
             Error::Program(format!("reading the catalog of {source}: {}", e.summary()))
         })?;
+        let up_to = self
+            .config
+            .restore_target_lsn
+            .as_deref()
+            .and_then(contract::parse_lsn);
+        let ends_in_time = |m: &Manifest| {
+            up_to.is_none_or(|lsn| contract::parse_lsn(&m.end_lsn).is_some_and(|end| end <= lsn))
+        };
         let suitable = |m: &Manifest| {
-            before.as_ref().is_none_or(|time| {
-                let (Ok(done), Ok(target)) = (
-                    m.completed_at.parse::<k8s_openapi::jiff::Timestamp>(),
-                    time.parse::<k8s_openapi::jiff::Timestamp>(),
-                ) else {
-                    return false;
-                };
-                done <= target
-            })
+            ends_in_time(m)
+                && before.as_ref().is_none_or(|time| {
+                    let (Ok(done), Ok(target)) = (
+                        m.completed_at.parse::<k8s_openapi::jiff::Timestamp>(),
+                        time.parse::<k8s_openapi::jiff::Timestamp>(),
+                    ) else {
+                        return false;
+                    };
+                    done <= target
+                })
         };
         catalog.into_iter().rev().find(suitable).ok_or_else(|| {
             Error::Refused(format!(
