@@ -259,19 +259,9 @@ impl BaseBackups {
     /// The manifest of backup `id`; `None` while the backup is not complete.
     pub async fn manifest(&self, id: &BackupId) -> Result<Option<Manifest>, StorageError> {
         let key = format!("{}{BASE_BACKUP_MANIFEST}", self.layout.base_backup(id));
-        let object = match self
-            .client
-            .get_object()
-            .bucket(&self.bucket)
-            .key(&key)
-            .send()
-            .await
-        {
-            Ok(object) => object,
-            Err(e) if e.as_service_error().is_some_and(|e| e.is_no_such_key()) => {
-                return Ok(None);
-            }
-            Err(e) => return Err(s3("GetObject", &key, e)),
+        let Some(object) = crate::s3::get_if_present(&self.client, &self.bucket, &key).await?
+        else {
+            return Ok(None);
         };
         let body = object
             .body
@@ -287,22 +277,11 @@ impl BaseBackups {
     /// Every complete backup of the cluster, oldest first.
     pub async fn catalog(&self) -> Result<Vec<Manifest>, StorageError> {
         let root = self.layout.base_root();
-        let mut pages = self
-            .client
-            .list_objects_v2()
-            .bucket(&self.bucket)
-            .prefix(&root)
-            .into_paginator()
-            .send();
-        let mut ids = Vec::new();
-        while let Some(page) = pages.next().await {
-            let page = page.map_err(|e| s3("ListObjectsV2", &root, e))?;
-            ids.extend(
-                page.contents()
-                    .iter()
-                    .filter_map(|o| self.layout.manifest_of(o.key()?)),
-            );
-        }
+        let ids: Vec<BackupId> = crate::s3::keys(&self.client, &self.bucket, &root)
+            .await?
+            .iter()
+            .filter_map(|key| self.layout.manifest_of(key))
+            .collect();
         let mut manifests = Vec::with_capacity(ids.len());
         for id in ids {
             manifests.extend(self.manifest(&id).await?);
@@ -361,18 +340,8 @@ impl BaseBackups {
         let folder = self.layout.base_backup(id);
         let manifest = format!("{folder}{BASE_BACKUP_MANIFEST}");
         self.delete_key(&manifest).await?;
-        let mut pages = self
-            .client
-            .list_objects_v2()
-            .bucket(&self.bucket)
-            .prefix(&folder)
-            .into_paginator()
-            .send();
-        while let Some(page) = pages.next().await {
-            let page = page.map_err(|e| s3("ListObjectsV2", &folder, e))?;
-            for key in page.contents().iter().filter_map(|o| o.key()) {
-                self.delete_key(key).await?;
-            }
+        for key in crate::s3::keys(&self.client, &self.bucket, &folder).await? {
+            self.delete_key(&key).await?;
         }
         Ok(())
     }

@@ -68,3 +68,40 @@ pub fn s3_compatible(config: Builder, endpoint: &str) -> Builder {
         .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
         .response_checksum_validation(ResponseChecksumValidation::WhenRequired)
 }
+
+/// The keys under `prefix`, every page of them.
+pub(crate) async fn keys(
+    client: &aws_sdk_s3::Client,
+    bucket: &str,
+    prefix: &str,
+) -> Result<Vec<String>, crate::StorageError> {
+    let mut pages = client
+        .list_objects_v2()
+        .bucket(bucket)
+        .prefix(prefix)
+        .into_paginator()
+        .send();
+    let mut keys = Vec::new();
+    while let Some(page) = pages.next().await {
+        let page = page.map_err(|e| crate::wal::s3("ListObjectsV2", prefix, e))?;
+        keys.extend(
+            page.contents()
+                .iter()
+                .filter_map(|o| o.key().map(str::to_owned)),
+        );
+    }
+    Ok(keys)
+}
+
+/// Object `key`, or `None` if there is no such object.
+pub(crate) async fn get_if_present(
+    client: &aws_sdk_s3::Client,
+    bucket: &str,
+    key: &str,
+) -> Result<Option<aws_sdk_s3::operation::get_object::GetObjectOutput>, crate::StorageError> {
+    match client.get_object().bucket(bucket).key(key).send().await {
+        Ok(object) => Ok(Some(object)),
+        Err(e) if e.as_service_error().is_some_and(|e| e.is_no_such_key()) => Ok(None),
+        Err(e) => Err(crate::wal::s3("GetObject", key, e)),
+    }
+}

@@ -99,19 +99,9 @@ impl WalArchive {
     /// refused.
     pub async fn get(&self, name: &WalName, destination: &Path) -> Result<bool, StorageError> {
         let key = self.layout.wal(name);
-        let object = match self
-            .client
-            .get_object()
-            .bucket(&self.bucket)
-            .key(&key)
-            .send()
-            .await
-        {
-            Ok(object) => object,
-            Err(e) if e.as_service_error().is_some_and(|e| e.is_no_such_key()) => {
-                return Ok(false);
-            }
-            Err(e) => return Err(s3("GetObject", &key, e)),
+        let Some(object) = crate::s3::get_if_present(&self.client, &self.bucket, &key).await?
+        else {
+            return Ok(false);
         };
         let expected = object.metadata().and_then(|m| m.get(SHA256)).cloned();
         let compressed = object
@@ -143,22 +133,11 @@ impl WalArchive {
     /// Every file archived, in name order (timeline, then position).
     pub async fn list(&self) -> Result<Vec<WalName>, StorageError> {
         let root = self.layout.wal_root();
-        let mut pages = self
-            .client
-            .list_objects_v2()
-            .bucket(&self.bucket)
-            .prefix(&root)
-            .into_paginator()
-            .send();
-        let mut names = Vec::new();
-        while let Some(page) = pages.next().await {
-            let page = page.map_err(|e| s3("ListObjectsV2", &root, e))?;
-            names.extend(
-                page.contents()
-                    .iter()
-                    .filter_map(|o| self.layout.wal_name(o.key()?)),
-            );
-        }
+        let mut names: Vec<WalName> = crate::s3::keys(&self.client, &self.bucket, &root)
+            .await?
+            .iter()
+            .filter_map(|key| self.layout.wal_name(key))
+            .collect();
         names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
         Ok(names)
     }
