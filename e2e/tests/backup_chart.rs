@@ -35,9 +35,10 @@ const GRANTED: Rules = &[
     (
         "backup.cairn.dev",
         "backups",
-        &["list", "watch", "create", "delete"],
+        &["list", "watch", "create", "delete", "patch"],
     ),
     ("backup.cairn.dev", "backups/status", &["patch"]),
+    ("", "secrets", &["get"]),
     ("backup.cairn.dev", "backupschedules", &["list", "watch"]),
     ("backup.cairn.dev", "backupschedules/status", &["patch"]),
     ("database.cairn.dev", "databaseclusters", &["list", "watch"]),
@@ -46,11 +47,11 @@ const GRANTED: Rules = &[
     ("events.k8s.io", "events", &["create", "patch"]),
 ];
 
-/// What it must not do there: change a Backup (but its status), write any
-/// schedule, cluster, pod or membership Lease, read a Secret, or touch
-/// anything else.
+/// What it must not do there: replace a Backup (it patches finalizers and
+/// status only), write any schedule, cluster, pod, membership Lease or
+/// Secret, list or watch Secrets, or touch anything else.
 const REFUSED: Rules = &[
-    ("backup.cairn.dev", "backups", &["get", "update", "patch"]),
+    ("backup.cairn.dev", "backups", &["get", "update"]),
     (
         "backup.cairn.dev",
         "backupschedules",
@@ -76,9 +77,7 @@ const REFUSED: Rules = &[
     (
         "",
         "secrets",
-        &[
-            "get", "list", "watch", "create", "update", "patch", "delete",
-        ],
+        &["list", "watch", "create", "update", "patch", "delete"],
     ),
     ("", "configmaps", &["get", "list"]),
     ("", "persistentvolumeclaims", &["get", "list"]),
@@ -244,17 +243,19 @@ async fn the_chart_grants_what_the_controller_needs_in_every_namespace() -> Resu
         account.until_allowed(namespace, GRANTED).await?;
         account.refused(namespace, REFUSED).await?;
     }
-    // Its caches list and watch across namespaces; Secrets are never read.
+    // Its caches list and watch across namespaces; a Secret is read by name
+    // (a destination's credentials), never listed or watched.
     let caches: Rules = &[
         ("backup.cairn.dev", "backups", &["list", "watch"]),
         ("backup.cairn.dev", "backupschedules", &["list", "watch"]),
         ("database.cairn.dev", "databaseclusters", &["list", "watch"]),
         ("coordination.k8s.io", "leases", &["list", "watch"]),
         ("", "pods", &["list", "watch"]),
+        ("", "secrets", &["get"]),
     ];
     account.until_allowed("", caches).await?;
     account
-        .refused("", &[("", "secrets", &["get", "list", "watch"])])
+        .refused("", &[("", "secrets", &["list", "watch"])])
         .await?;
     Ok(())
 }

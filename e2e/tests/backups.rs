@@ -3,14 +3,17 @@
 //! the standby, in its pod, streamed to the bucket (moto, from the pod
 //! network) with its manifest, and reported in the Backup's status; a
 //! Backup whose instance pod is killed midway ends Failed with a reason,
-//! and the bucket's catalog never lists it; a new cluster restored from the
-//! first Backup (`bootstrap.fromBackup`) has every committed row, and so has
-//! one restored from the bucket alone once the Backups are deleted
-//! (`bootstrap.fromBucket`).
+//! and the bucket's catalog never lists it; the first Backup deleted
+//! (`deletionPolicy: Delete`) takes its files and the WAL only it needed;
+//! a new cluster restored from the oldest Backup left
+//! (`bootstrap.fromBackup`) has every committed row, and so has one
+//! restored from the bucket alone once the Backups are deleted
+//! (`bootstrap.fromBucket`); a logical backup (pg_dump) loads into a new
+//! cluster with the same rows.
 
 use std::time::{Duration, Instant};
 
-use cairn_api::backup::v1::{Backup, BackupPhase};
+use cairn_api::backup::v1::{Backup, BackupPhase, BackupStatus};
 use cairn_api::database::v1::DatabaseCluster;
 use cairn_e2e::real::{
     READY_TIMEOUT, as_superuser, backup_destination, cluster_spec, current_primary,
@@ -19,6 +22,7 @@ use cairn_e2e::real::{
 use cairn_storage::{BaseBackups, S3Settings, WalArchive};
 use cairn_testing::{TestNamespace, cluster, wait};
 use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
 
@@ -26,25 +30,56 @@ type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
 
 const CLUSTER: &str = "vault";
 
+/// The test's bucket in moto, as the instances reach it.
+fn moto(bucket: &str) -> S3Settings {
+    S3Settings {
+        endpoint: Some(cluster().s3_endpoint().to_owned()),
+        bucket: bucket.to_owned(),
+        region: None,
+        prefix: "e2e".into(),
+        access_key_id: "testing".into(),
+        secret_access_key: "testing".into(),
+    }
+}
+
 fn catalog(bucket: &str) -> BaseBackups {
-    BaseBackups::new(
-        &S3Settings {
-            endpoint: Some(cluster().s3_endpoint().to_owned()),
-            bucket: bucket.to_owned(),
-            region: None,
-            prefix: "e2e".into(),
-            access_key_id: "testing".into(),
-            secret_access_key: "testing".into(),
-        },
-        CLUSTER,
+    BaseBackups::new(&moto(bucket), CLUSTER)
+}
+
+/// Waits until DatabaseCluster `name` is Ready.
+async fn until_ready(clusters: &Api<DatabaseCluster>, name: &str) -> Result<DatabaseCluster> {
+    Ok(
+        wait::for_object(clusters, name, "Ready", READY_TIMEOUT, |c| {
+            wait::condition_status(c, "Ready").as_deref() == Some("True")
+        })
+        .await?,
     )
 }
 
-async fn backup(ns: &TestNamespace, name: &str) -> Result<Backup> {
+/// Waits until Backup `name` is final; returns its status.
+async fn until_final(backups: &Api<Backup>, name: &str) -> Result<BackupStatus> {
+    let done = wait::for_object(backups, name, "final", Duration::from_secs(180), |b| {
+        matches!(phase(b), Some(BackupPhase::Completed | BackupPhase::Failed))
+    })
+    .await?;
+    Ok(done.status.unwrap_or_default())
+}
+
+async fn backup(ns: &TestNamespace, name: &str, deletion_policy: &str) -> Result<Backup> {
+    backup_by(ns, name, "physical", deletion_policy).await
+}
+
+async fn backup_by(
+    ns: &TestNamespace,
+    name: &str,
+    method: &str,
+    deletion_policy: &str,
+) -> Result<Backup> {
     let backup: Backup = serde_json::from_value(json!({
         "apiVersion": "backup.cairn.dev/v1", "kind": "Backup",
         "metadata": { "name": name },
-        "spec": { "cluster": { "name": CLUSTER }, "method": "physical", "deadlineSeconds": 300 },
+        "spec": { "cluster": { "name": CLUSTER }, "method": method, "deadlineSeconds": 300,
+                  "deletionPolicy": deletion_policy },
     }))?;
     Ok(ns
         .api::<Backup>()
@@ -69,10 +104,7 @@ async fn a_standby_takes_a_base_backup_and_a_killed_one_fails_cleanly() -> Resul
     clusters
         .create(&PostParams::default(), &DatabaseCluster::new(CLUSTER, spec))
         .await?;
-    wait::for_object(&clusters, CLUSTER, "Ready", READY_TIMEOUT, |c| {
-        wait::condition_status(c, "Ready").as_deref() == Some("True")
-    })
-    .await?;
+    until_ready(&clusters, CLUSTER).await?;
     start_client(&ns, CLUSTER).await?;
     // About 200 MB that compresses about twofold: a backup that takes
     // seconds, so that it can be interrupted.
@@ -94,17 +126,9 @@ async fn a_standby_takes_a_base_backup_and_a_killed_one_fails_cleanly() -> Resul
     // A Backup: taken by the standby, Completed with its WAL range, in the
     // bucket's catalog with the same range.
     let started = Instant::now();
-    backup(&ns, "first").await?;
+    backup(&ns, "first", "Delete").await?;
     let backups = ns.api::<Backup>();
-    let done = wait::for_object(
-        &backups,
-        "first",
-        "Completed",
-        Duration::from_secs(180),
-        |b| matches!(phase(b), Some(BackupPhase::Completed | BackupPhase::Failed)),
-    )
-    .await?;
-    let status = done.status.clone().unwrap_or_default();
+    let status = until_final(&backups, "first").await?;
     assert_eq!(status.phase, Some(BackupPhase::Completed), "{status:?}");
     eprintln!(
         "base backup from {}: {} bytes stored in {:?} s (instance), {:.1} s from creation to Completed",
@@ -130,7 +154,7 @@ async fn a_standby_takes_a_base_backup_and_a_killed_one_fails_cleanly() -> Resul
     // A second one, its instance's pod killed as soon as it runs: Failed
     // with the reason, within its deadline; the catalog still has only the
     // first.
-    backup(&ns, "interrupted").await?;
+    backup(&ns, "interrupted", "Retain").await?;
     let running = wait::for_object(
         &backups,
         "interrupted",
@@ -174,27 +198,26 @@ async fn a_standby_takes_a_base_backup_and_a_killed_one_fails_cleanly() -> Resul
         "only the first is complete: {manifests:?}"
     );
 
-    // One more row after the first backup, its WAL archived; then a new
-    // cluster restored from the first Backup, to the end of the archive,
-    // has every row, on a new timeline.
+    // A row after the first backup, a second backup, another row, its WAL
+    // archived.
     psql(
         &ns,
         "vault-rw",
-        "INSERT INTO items VALUES (0, 'after the backup')",
+        "INSERT INTO items VALUES (0, 'after the first backup')",
     )
     .await?;
+    backup(&ns, "second", "Retain").await?;
+    let second = until_final(&backups, "second").await?;
+    assert_eq!(second.phase, Some(BackupPhase::Completed), "{second:?}");
+    psql(
+        &ns,
+        "vault-rw",
+        "INSERT INTO items VALUES (-1, 'after the second backup')",
+    )
+    .await?;
+    let primary = current_primary(&clusters, CLUSTER).await?;
     let segment = as_superuser(&ns, &primary, "SELECT pg_walfile_name(pg_switch_wal())").await?;
-    let archive = WalArchive::new(
-        &S3Settings {
-            endpoint: Some(cluster().s3_endpoint().to_owned()),
-            bucket: bucket.clone(),
-            region: None,
-            prefix: "e2e".into(),
-            access_key_id: "testing".into(),
-            secret_access_key: "testing".into(),
-        },
-        CLUSTER,
-    );
+    let archive = WalArchive::new(&moto(&bucket), CLUSTER);
     wait::until(
         "the switched segment archived",
         Duration::from_secs(60),
@@ -204,10 +227,47 @@ async fn a_standby_takes_a_base_backup_and_a_killed_one_fails_cleanly() -> Resul
         },
     )
     .await?;
+
+    // The first Backup deleted (deletionPolicy Delete): its files go, and
+    // the WAL before the second backup's start (only the first needed it);
+    // the rest stays.
+    let segments_before = archive.list().await?.len();
+    backups.delete("first", &DeleteParams::default()).await?;
+    wait::for_deletion(&backups, "first", Duration::from_secs(60)).await?;
+    let ids: Vec<String> = catalog(&bucket)
+        .catalog()
+        .await?
+        .into_iter()
+        .map(|m| m.id)
+        .collect();
+    assert_eq!(ids, [second.backup_id.clone().unwrap_or_default()]);
+    let begin = cairn_api::database::instance::parse_lsn(second.begin_lsn.as_deref().unwrap_or(""))
+        .ok_or("the second backup's begin LSN")?;
+    let first_needed = cairn_api::backup::layout::segment_number_of(begin);
+    let left = archive.list().await?;
+    eprintln!(
+        "Backup first deleted: {} of {segments_before} WAL files removed, the oldest left {:?}",
+        segments_before - left.len(),
+        left.first().map(|n| n.to_string())
+    );
+    assert!(
+        left.len() < segments_before,
+        "WAL only the first needed is deleted"
+    );
+    assert!(
+        left.iter()
+            .filter_map(|n| n.segment_number())
+            .all(|s| s >= first_needed.as_str()),
+        "nothing older than segment {first_needed} is left: {left:?}"
+    );
+    assert!(left.iter().any(|n| n.as_str() == segment), "newer WAL kept");
+
+    // A new cluster restored from the oldest Backup left, to the end of the
+    // archive, has every row, on a new timeline.
     let mut copy = cluster_spec(1);
     copy.backup = clusters.get(CLUSTER).await?.spec.backup;
     copy.bootstrap = Some(serde_json::from_value(
-        json!({ "fromBackup": { "name": "first" } }),
+        json!({ "fromBackup": { "name": "second" } }),
     )?);
     clusters
         .create(
@@ -216,22 +276,19 @@ async fn a_standby_takes_a_base_backup_and_a_killed_one_fails_cleanly() -> Resul
         )
         .await?;
     let restoring = Instant::now();
-    let restored = wait::for_object(&clusters, "vault-copy", "Ready", READY_TIMEOUT, |c| {
-        wait::condition_status(c, "Ready").as_deref() == Some("True")
-    })
-    .await?;
+    let restored = until_ready(&clusters, "vault-copy").await?;
     eprintln!(
-        "vault-copy restored from Backup first and Ready {:.1} s after its creation",
+        "vault-copy restored from Backup second and Ready {:.1} s after its creation",
         restoring.elapsed().as_secs_f64()
     );
     let source = restored
         .status
         .and_then(|s| s.restored_from)
         .ok_or("restoredFrom")?;
-    assert_eq!(source.backup.as_deref(), Some("first"));
+    assert_eq!(source.backup.as_deref(), Some("second"));
     assert_eq!(source.cluster, CLUSTER);
     let count = in_app_database(&ns, "vault-copy-0", "SELECT count(*) FROM items").await?;
-    assert_eq!(count, "1000001", "every committed row");
+    assert_eq!(count, "1000002", "every committed row");
     let timeline = as_superuser(
         &ns,
         "vault-copy-0",
@@ -243,7 +300,7 @@ async fn a_standby_takes_a_base_backup_and_a_killed_one_fails_cleanly() -> Resul
     // From the bucket alone: every Backup object deleted, a new cluster
     // restores the source's folder (its newest complete backup, then all of
     // its WAL).
-    for name in ["first", "interrupted"] {
+    for name in ["second", "interrupted"] {
         backups.delete(name, &DeleteParams::default()).await?;
     }
     let mut dr = cluster_spec(1);
@@ -258,18 +315,54 @@ async fn a_standby_takes_a_base_backup_and_a_killed_one_fails_cleanly() -> Resul
         )
         .await?;
     let restoring = Instant::now();
-    wait::for_object(&clusters, "vault-dr", "Ready", READY_TIMEOUT, |c| {
-        wait::condition_status(c, "Ready").as_deref() == Some("True")
-    })
-    .await?;
+    until_ready(&clusters, "vault-dr").await?;
     eprintln!(
         "vault-dr restored from the bucket alone and Ready {:.1} s after its creation",
         restoring.elapsed().as_secs_f64()
     );
     let count = in_app_database(&ns, "vault-dr-0", "SELECT count(*) FROM items").await?;
     assert_eq!(
-        count, "1000001",
+        count, "1000002",
         "every committed row, from the bucket alone"
+    );
+
+    // A logical backup (pg_dump, from the standby) loaded into a new
+    // cluster: the same rows, and Ready only once they are in.
+    backup_by(&ns, "dump", "logical", "Delete").await?;
+    let dumped = until_final(&backups, "dump").await?;
+    assert_eq!(dumped.phase, Some(BackupPhase::Completed), "{dumped:?}");
+    eprintln!(
+        "logical backup from {}: {} bytes stored in {:?} s",
+        dumped.instance.as_deref().unwrap_or("?"),
+        dumped.size_bytes.unwrap_or(0),
+        dumped.duration_seconds
+    );
+    let mut loaded = cluster_spec(1);
+    loaded.backup = clusters.get(CLUSTER).await?.spec.backup;
+    loaded.bootstrap = Some(serde_json::from_value(
+        json!({ "fromBackup": { "name": "dump" } }),
+    )?);
+    clusters
+        .create(
+            &PostParams::default(),
+            &DatabaseCluster::new("vault-dump", loaded),
+        )
+        .await?;
+    let restoring = Instant::now();
+    until_ready(&clusters, "vault-dump").await?;
+    eprintln!(
+        "vault-dump loaded from Backup dump and Ready {:.1} s after its creation",
+        restoring.elapsed().as_secs_f64()
+    );
+    let count = in_app_database(&ns, "vault-dump-0", "SELECT count(*) FROM items").await?;
+    assert_eq!(count, "1000002", "every row of the dump");
+    // Deleted with deletionPolicy Delete: its folder goes with it.
+    backups.delete("dump", &DeleteParams::default()).await?;
+    wait::for_deletion(&backups, "dump", Duration::from_secs(60)).await?;
+    let dumps = BaseBackups::dumps(&moto(&bucket), CLUSTER);
+    assert!(
+        dumps.catalog().await?.is_empty(),
+        "the dump's folder removed"
     );
     Ok(())
 }

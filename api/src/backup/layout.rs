@@ -7,6 +7,10 @@
 //! <prefix>/<cluster>/base/<id>/data.tar.zst       a base backup (tar of PGDATA)
 //! <prefix>/<cluster>/base/<id>/manifest.json      written last: the backup is
 //!                                                 complete once it exists
+//! <prefix>/<cluster>/dumps/<id>/dump.pgcustom.zst a logical backup (pg_dump,
+//!                                                 custom format, of the
+//!                                                 application database)
+//! <prefix>/<cluster>/dumps/<id>/manifest.json     written last, likewise
 //! ```
 
 /// A name that is not one PostgreSQL archives.
@@ -55,6 +59,24 @@ impl WalName {
     pub fn is_segment(&self) -> bool {
         self.0.len() == 24
     }
+
+    /// The 16 hex digits of the segment a segment, partial segment or
+    /// backup label belongs to (whatever its timeline); `None` for a
+    /// timeline history file, which belongs to no segment.
+    pub fn segment_number(&self) -> Option<&str> {
+        (self.0.len() >= 24 && !self.0.ends_with(".history")).then(|| &self.0[8..24])
+    }
+}
+
+/// Bytes in a WAL segment: PostgreSQL's default, which Cairn never changes.
+pub const WAL_SEGMENT_BYTES: u64 = 16 << 20;
+
+/// The 16 hex digits of the segment holding WAL position `lsn`, as they
+/// appear in [`WalName::segment_number`] (names sort as positions do).
+pub fn segment_number_of(lsn: u64) -> String {
+    let segment = lsn / WAL_SEGMENT_BYTES;
+    let per_log = 0x1_0000_0000 / WAL_SEGMENT_BYTES;
+    format!("{:08X}{:08X}", segment / per_log, segment % per_log)
 }
 
 impl std::fmt::Display for WalName {
@@ -110,6 +132,17 @@ impl std::fmt::Display for BackupId {
 /// The files of a base backup's folder.
 pub const BASE_BACKUP_DATA: &str = "data.tar.zst";
 pub const BASE_BACKUP_MANIFEST: &str = "manifest.json";
+/// The data file of a logical backup's folder (beside its manifest).
+pub const DUMP_DATA: &str = "dump.pgcustom.zst";
+
+/// What a backup's folder holds, and so where it is: a base backup
+/// (pg_basebackup's tar, `base/`) or a logical backup (pg_dump, `dumps/`).
+/// Two folders, so a catalog of one never lists the other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackupKind {
+    Base,
+    Dump,
+}
 
 /// Where one cluster's files live in a bucket.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -146,17 +179,31 @@ impl Layout {
 
     /// Every base backup of the cluster.
     pub fn base_root(&self) -> String {
-        format!("{}base/", self.root)
+        self.backups_root(BackupKind::Base)
     }
 
     /// The folder of one base backup.
     pub fn base_backup(&self, id: &BackupId) -> String {
-        format!("{}{}/", self.base_root(), id)
+        self.backup(BackupKind::Base, id)
     }
 
-    /// The backup whose manifest a key is, if it is one.
-    pub fn manifest_of(&self, key: &str) -> Option<BackupId> {
-        let rest = key.strip_prefix(&self.base_root())?;
+    /// Every backup of one kind.
+    pub fn backups_root(&self, kind: BackupKind) -> String {
+        let folder = match kind {
+            BackupKind::Base => "base",
+            BackupKind::Dump => "dumps",
+        };
+        format!("{}{folder}/", self.root)
+    }
+
+    /// The folder of one backup.
+    pub fn backup(&self, kind: BackupKind, id: &BackupId) -> String {
+        format!("{}{}/", self.backups_root(kind), id)
+    }
+
+    /// The backup of `kind` whose manifest a key is, if it is one.
+    pub fn manifest_in(&self, kind: BackupKind, key: &str) -> Option<BackupId> {
+        let rest = key.strip_prefix(&self.backups_root(kind))?;
         let id = rest.strip_suffix(&format!("/{BASE_BACKUP_MANIFEST}"))?;
         BackupId::parse(id).ok()
     }
@@ -173,6 +220,26 @@ impl Layout {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_position_names_its_segment_as_postgres_does() {
+        // pg_walfile_name('0/2000028') on timeline 1 is 000000010000000000000002.
+        assert_eq!(segment_number_of(0x200_0028), "0000000000000002");
+        assert_eq!(
+            segment_number_of((3 << 32) | 0xFF00_0000),
+            "00000003000000FF"
+        );
+        let label = WalName::parse("000000020000000300000004.00000028.backup").expect("name");
+        assert_eq!(label.segment_number(), Some("0000000300000004"));
+        let partial = WalName::parse("000000010000000000000007.partial").expect("name");
+        assert_eq!(partial.segment_number(), Some("0000000000000007"));
+        assert_eq!(
+            WalName::parse("00000002.history")
+                .expect("name")
+                .segment_number(),
+            None
+        );
+    }
 
     #[test]
     fn names_postgres_archives_are_accepted_and_nothing_else() {
@@ -209,11 +276,29 @@ mod tests {
             "backups/orders/base/nightly-20261126-3f2a9c1e/"
         );
         let manifest = format!("{}{BASE_BACKUP_MANIFEST}", layout.base_backup(&id));
-        assert_eq!(layout.manifest_of(&manifest), Some(id.clone()));
         assert_eq!(
-            layout.manifest_of(&format!("{}{BASE_BACKUP_DATA}", layout.base_backup(&id))),
+            layout.manifest_in(BackupKind::Base, &manifest),
+            Some(id.clone())
+        );
+        assert_eq!(
+            layout.manifest_in(
+                BackupKind::Base,
+                &format!("{}{BASE_BACKUP_DATA}", layout.base_backup(&id))
+            ),
             None
         );
+        // A dump's manifest is not a base backup's, and the other way round.
+        let dump = format!(
+            "{}{BASE_BACKUP_MANIFEST}",
+            layout.backup(BackupKind::Dump, &id)
+        );
+        assert_eq!(dump, format!("backups/orders/dumps/{id}/manifest.json"));
+        assert_eq!(layout.manifest_in(BackupKind::Base, &dump), None);
+        assert_eq!(
+            layout.manifest_in(BackupKind::Dump, &dump),
+            Some(id.clone())
+        );
+        assert_eq!(layout.manifest_in(BackupKind::Dump, &manifest), None);
         for bad in ["", "../x", "a/b", "A", "-a", "a..b"] {
             assert!(BackupId::parse(bad).is_err(), "{bad}");
         }

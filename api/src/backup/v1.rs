@@ -66,6 +66,16 @@ pub enum BackupMethod {
     Physical,
 }
 
+impl BackupMethod {
+    /// The folder of the cluster's bucket its backups go to.
+    pub fn stored_as(self) -> super::layout::BackupKind {
+        match self {
+            Self::Logical => super::layout::BackupKind::Dump,
+            Self::Physical => super::layout::BackupKind::Base,
+        }
+    }
+}
+
 /// What happens to the stored backup when its Backup object is deleted.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
 pub enum BackupDeletionPolicy {
@@ -94,6 +104,9 @@ pub struct BackupDestination {
 pub const SCHEDULE_LABEL: &str = "backup.cairn.dev/schedule";
 /// Annotation on the Backups a schedule creates: the slot (RFC 3339, UTC).
 pub const SLOT_ANNOTATION: &str = "backup.cairn.dev/slot";
+/// Finalizer on a Backup with `deletionPolicy: Delete`: the stored backup
+/// is removed (and the WAL only it needed) before the object goes.
+pub const ARTIFACT_FINALIZER: &str = "backup.cairn.dev/artifact";
 /// Annotation (`"true"`) on a Backup that retention never deletes.
 pub const PINNED_ANNOTATION: &str = "backup.cairn.dev/pinned";
 
@@ -299,8 +312,19 @@ pub struct BackupScheduleStatus {
     /// Backups of this schedule that are running.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub active: Vec<LocalObjectReference>,
+    /// The earliest point the cluster can be restored to: when the oldest
+    /// complete base backup in its folder of the bucket ended (every
+    /// backup there counts, whoever took it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_recoverability_point: Option<Time>,
+    /// The latest point it can be restored to, about: when the newest WAL
+    /// file (or base backup) was stored. As of the schedule's last look
+    /// at the bucket (each slot and each finished Backup).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_recoverability_point: Option<Time>,
     /// `Ready` and `BackupsHealthy` (False when the last success is older
-    /// than two intervals).
+    /// than two intervals, WAL archiving fails, or the bucket cannot be
+    /// read).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }

@@ -552,6 +552,10 @@ pub struct RestoredFrom {
     /// `s3://` URL of the backup, or of the cluster's folder when the
     /// instance chooses the backup.
     pub location: String,
+    /// `logical` when the backup is a dump (pg_dump), loaded into a new
+    /// database; unset for a base backup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<crate::backup::v1::BackupMethod>,
 }
 
 /// A switchover: the primary demoted, then the target promoted once it

@@ -3,10 +3,14 @@
 
 use std::sync::Arc;
 
-use cairn_api::backup::v1::{Backup, BackupPhase};
+use cairn_api::backup::v1::{
+    ARTIFACT_FINALIZER, Backup, BackupDeletionPolicy, BackupMethod, BackupPhase,
+};
 use cairn_api::database::instance::{CLUSTER_LABEL, OBSERVED_ANNOTATION, ObservedState};
-use cairn_api::database::v1::DatabaseCluster;
+use cairn_api::database::v1::{DatabaseCluster, DatabaseClusterPhase};
+use cairn_runtime::finalizers;
 use cairn_runtime::manager::Recheck;
+use cairn_storage::StorageError;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::jiff::Timestamp;
@@ -17,6 +21,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
 use crate::MANAGER;
+use crate::artifact::{self, Cleanup, Holds};
 use crate::error::Error;
 use crate::metrics::BackupMetrics;
 use crate::plan::{self, Decision, Instance, World};
@@ -25,6 +30,7 @@ use crate::plan::{self, Decision, Instance, World};
 #[derive(Clone)]
 pub struct Caches {
     pub backups: Store<Backup>,
+    pub schedules: Store<cairn_api::backup::v1::BackupSchedule>,
     pub clusters: Store<DatabaseCluster>,
     /// The database instances' pods and membership Leases.
     pub pods: Store<Pod>,
@@ -39,12 +45,16 @@ pub struct Context {
 }
 
 impl Context {
-    /// Every `period`, the phase gauge from the cache.
+    /// Every `period`, the gauges from the caches.
     pub async fn housekeeping(context: Arc<Self>, period: std::time::Duration) {
         let mut every = tokio::time::interval(period);
         loop {
             every.tick().await;
-            context.metrics.refresh(&context.caches.backups.state());
+            let backups = context.caches.backups.state();
+            context.metrics.refresh(&backups);
+            context
+                .metrics
+                .refresh_schedules(&context.caches.schedules.state(), &backups);
         }
     }
 
@@ -75,6 +85,7 @@ impl Context {
                 b.namespace().as_deref() == Some(namespace.as_str())
                     && &b.spec.cluster.name == cluster_name
                     && b.uid() != backup.uid()
+                    && b.metadata.deletion_timestamp.is_none()
                     && ahead_of(b, backup)
             })
             .map(|b| b.name_any())
@@ -85,6 +96,56 @@ impl Context {
             running,
             now,
         }
+    }
+
+    /// What holds a deleted Backup's files back besides its instance: its
+    /// schedule gone or going, new clusters restoring from its cluster's
+    /// folder (not yet initialised, not failed).
+    fn holds(&self, backup: &Backup) -> Holds {
+        let namespace = backup.namespace();
+        let schedule_gone = backup.owner_references().iter().any(|owner| {
+            owner.kind == "BackupSchedule"
+                && self
+                    .caches
+                    .schedules
+                    .get(&ObjectRef::new(&owner.name).within(namespace.as_deref().unwrap_or("")))
+                    .is_none_or(|s| {
+                        s.metadata.deletion_timestamp.is_some()
+                            || s.uid() != Some(owner.uid.clone())
+                    })
+        });
+        let restoring = self
+            .caches
+            .clusters
+            .state()
+            .iter()
+            .filter(|c| c.namespace() == namespace)
+            .filter(|c| {
+                c.status.as_ref().is_some_and(|s| {
+                    !s.initialized
+                        && s.phase != Some(DatabaseClusterPhase::Failed)
+                        && s.restored_from
+                            .as_ref()
+                            .is_some_and(|from| from.cluster == backup.spec.cluster.name)
+                })
+            })
+            .map(|c| c.name_any())
+            .collect();
+        Holds {
+            schedule_gone,
+            restoring,
+        }
+    }
+
+    /// Whether another base backup of `backup`'s cluster is running.
+    fn backup_running(&self, backup: &Backup) -> bool {
+        self.caches.backups.state().iter().any(|other| {
+            other.uid() != backup.uid()
+                && other.namespace() == backup.namespace()
+                && other.spec.cluster.name == backup.spec.cluster.name
+                && other.spec.method == BackupMethod::Physical
+                && other.status.as_ref().and_then(|s| s.phase) == Some(BackupPhase::Running)
+        })
     }
 
     fn instance(&self, pod: &Pod, namespace: &str) -> Instance {
@@ -133,10 +194,19 @@ fn ahead_of(other: &Backup, backup: &Backup) -> bool {
 
 pub async fn reconcile(backup: Arc<Backup>, ctx: Arc<Context>) -> Result<Recheck, Error> {
     let now = Timestamp::now();
+    let api: Api<Backup> =
+        Api::namespaced(ctx.client.clone(), &backup.namespace().unwrap_or_default());
+    if backup.metadata.deletion_timestamp.is_some() {
+        return release(&backup, &ctx, &api, now).await;
+    }
+    // Before any instance can write a file: the finalizer that removes it.
+    if backup.spec.deletion_policy == BackupDeletionPolicy::Delete {
+        finalizers::add(&api, &*backup, ARTIFACT_FINALIZER).await?;
+    } else {
+        finalizers::remove(&api, &*backup, ARTIFACT_FINALIZER).await?;
+    }
     let decision = plan::decide(&backup, &ctx.world(&backup, now));
     if let Some(status) = plan::status(&backup, &decision, now) {
-        let api: Api<Backup> =
-            Api::namespaced(ctx.client.clone(), &backup.namespace().unwrap_or_default());
         let patch = json!({
             "apiVersion": "backup.cairn.dev/v1",
             "kind": "Backup",
@@ -155,6 +225,138 @@ pub async fn reconcile(backup: Arc<Backup>, ctx: Arc<Context>) -> Result<Recheck
         Some(within) => Recheck::Within(within),
         None => Recheck::AfterResync,
     })
+}
+
+/// A deleted Backup holding our finalizer: its files removed (`Delete`),
+/// once its instance stopped writing them, then the finalizer.
+async fn release(
+    backup: &Backup,
+    ctx: &Context,
+    api: &Api<Backup>,
+    now: Timestamp,
+) -> Result<Recheck, Error> {
+    if !backup.finalizers().iter().any(|f| f == ARTIFACT_FINALIZER) {
+        return Ok(Recheck::AfterResync);
+    }
+    let world = ctx.world(backup, now);
+    match artifact::cleanup(backup, &world, &ctx.holds(backup)) {
+        Cleanup::WaitForInstance(pod) => {
+            tracing::debug!(backup = %backup.name_any(), %pod, "waiting for the instance to stop");
+            return Ok(Recheck::Within(plan::POLL));
+        }
+        Cleanup::WaitForRestore(cluster) => {
+            tracing::info!(backup = %backup.name_any(), %cluster, "kept while a restore reads its cluster's folder");
+            return Ok(Recheck::Within(plan::POLL * 6));
+        }
+        Cleanup::Release => {}
+        Cleanup::Keep(why) => {
+            ctx.metrics.artifact("ArtifactKept");
+            let note = format!("the stored backup is not removed: {why}");
+            let object = backup.object_ref(&());
+            publish(
+                &ctx.recorder,
+                &object,
+                EventType::Warning,
+                "ArtifactKept",
+                note,
+            )
+            .await;
+        }
+        Cleanup::Remove => match remove(backup, ctx, world.cluster.as_deref()).await {
+            Ok((type_, reason, note)) => {
+                ctx.metrics.artifact(reason);
+                publish(&ctx.recorder, &backup.object_ref(&()), type_, reason, note).await;
+            }
+            Err(e) if given_up(backup, now) => {
+                ctx.metrics.artifact("ArtifactLeaked");
+                let note = format!(
+                    "the stored backup could not be removed for {} minutes and is left in the \
+                     bucket: {e}",
+                    artifact::GIVE_UP_AFTER.as_secs() / 60
+                );
+                let object = backup.object_ref(&());
+                publish(
+                    &ctx.recorder,
+                    &object,
+                    EventType::Warning,
+                    "ArtifactLeaked",
+                    note,
+                )
+                .await;
+            }
+            Err(e) => return Err(e),
+        },
+    }
+    finalizers::remove(api, backup, ARTIFACT_FINALIZER).await?;
+    Ok(Recheck::AfterResync)
+}
+
+/// Removes a Backup's files: the Event that says what happened, or an
+/// error worth retrying.
+async fn remove(
+    backup: &Backup,
+    ctx: &Context,
+    cluster: Option<&DatabaseCluster>,
+) -> Result<(EventType, &'static str, String), Error> {
+    let kept = |why: String| {
+        Ok((
+            EventType::Warning,
+            "ArtifactKept",
+            format!("the stored backup is not removed: {why}"),
+        ))
+    };
+    let Some(destination) = artifact::destination(&backup.spec, cluster) else {
+        return kept(
+            "its cluster is gone and the Backup has no spec.destination, so where it is stored \
+             is unknown"
+                .into(),
+        );
+    };
+    let namespace = backup.namespace().unwrap_or_default();
+    let settings = match artifact::settings(&ctx.client, &namespace, destination).await? {
+        Ok(settings) => settings,
+        Err(why) => return kept(why),
+    };
+    let here = artifact::location(&settings, backup)?;
+    let recorded = backup.status.as_ref().and_then(|s| s.location.clone());
+    if let Some(recorded) = recorded.filter(|recorded| *recorded != here) {
+        return kept(format!(
+            "it is stored at {recorded}, and the cluster's destination now points elsewhere"
+        ));
+    }
+    // Another base backup of the cluster in progress has no manifest yet:
+    // the WAL it needs is kept, and deleted at a later deletion.
+    let prune_wal = !ctx.backup_running(backup);
+    match artifact::remove(&settings, backup, prune_wal).await {
+        Ok(removed) => Ok((
+            EventType::Normal,
+            "ArtifactDeleted",
+            format!(
+                "removed {} and {} WAL files no other backup needs",
+                removed.location, removed.wal_files
+            ),
+        )),
+        Err(StorageError::BucketGone { .. }) => Ok((
+            EventType::Normal,
+            "BucketGone",
+            format!(
+                "bucket {} no longer exists: nothing to remove",
+                settings.bucket
+            ),
+        )),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Whether a failing clean-up has been tried for long enough.
+fn given_up(backup: &Backup, now: Timestamp) -> bool {
+    backup
+        .metadata
+        .deletion_timestamp
+        .as_ref()
+        .is_some_and(|at| {
+            now.duration_since(at.0).as_secs() >= artifact::GIVE_UP_AFTER.as_secs() as i64
+        })
 }
 
 /// An Event when a Backup starts, completes or fails.

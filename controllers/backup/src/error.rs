@@ -8,12 +8,15 @@ pub enum Error {
     /// The API server refused or failed a request; retried with backoff.
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
+    /// The bucket refused or failed a request; retried with backoff.
+    #[error("backup storage: {0}")]
+    Storage(#[from] cairn_storage::StorageError),
 }
 
 impl Classify for Error {
     fn class(&self) -> ErrorClass {
         match self {
-            Self::Kube(_) => ErrorClass::Transient,
+            Self::Kube(_) | Self::Storage(_) => ErrorClass::Transient,
         }
     }
 }

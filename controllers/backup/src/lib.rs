@@ -12,6 +12,7 @@
 //! The reconcile: dereference (caches only) → decide (`plan`, pure) →
 //! status → when to look again.
 
+pub mod artifact;
 pub mod backup;
 pub mod error;
 pub mod metrics;

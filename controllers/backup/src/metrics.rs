@@ -1,11 +1,15 @@
-//! The backup controller's metrics: Backups by phase, and what finished
-//! Backups took. Totals only: a label per Backup or per cluster would grow
-//! without bound (each Backup's status has its own figures).
+//! The backup controller's metrics: Backups by phase, what finished
+//! Backups took, what their deletion did to the bucket, and per schedule
+//! (the one label that follows objects: a schedule is what an alert is
+//! about, and there are few) its last success and recoverability window.
+//! No label per Backup: each Backup's status has its own figures.
 
 use std::sync::Arc;
 
+use cairn_api::backup::v1::BackupSchedule;
 use cairn_api::backup::v1::{Backup, BackupPhase};
-use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry};
+use kube::ResourceExt;
+use prometheus::{GaugeVec, Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry};
 
 use crate::plan::Decision;
 
@@ -22,12 +26,24 @@ pub struct BackupMetrics {
     finished: IntCounterVec,
     duration: Histogram,
     size: Histogram,
+    artifacts: IntCounterVec,
+    schedule_times: GaugeVec,
 }
+
+/// The times `cairn_backup_schedule_timestamp_seconds` reports, by label.
+const SCHEDULE_TIMES: [&str; 4] = [
+    "last_success",
+    "last_failure",
+    "first_recoverability_point",
+    "last_recoverability_point",
+];
 
 impl BackupMetrics {
     /// Registers `cairn_backup_backups{phase}`,
     /// `cairn_backup_finished_total{result,reason}`,
-    /// `cairn_backup_duration_seconds` and `cairn_backup_size_bytes`.
+    /// `cairn_backup_duration_seconds`, `cairn_backup_size_bytes`,
+    /// `cairn_backup_artifact_deletions_total{result}` and
+    /// `cairn_backup_schedule_timestamp_seconds{namespace,schedule,time}`.
     pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
         let metrics = Self {
             backups: IntGaugeVec::new(
@@ -62,7 +78,28 @@ impl BackupMetrics {
                     12,
                 )?),
             )?,
+            artifacts: IntCounterVec::new(
+                Opts::new(
+                    "backup_artifact_deletions_total",
+                    "Deleted Backups with deletionPolicy Delete, by what became of the stored \
+                     backup: ArtifactDeleted, BucketGone, ArtifactKept (destination unknown or \
+                     unusable), ArtifactLeaked (removal failed until the controller gave up).",
+                ),
+                &["result"],
+            )?,
+            schedule_times: GaugeVec::new(
+                Opts::new(
+                    "backup_schedule_timestamp_seconds",
+                    "Per BackupSchedule: when its newest successful Backup completed \
+                     (time=last_success) and its newest failed Backup failed (last_failure, \
+                     among the Backups retention kept), and the cluster's recoverability window \
+                     (first_recoverability_point, last_recoverability_point), in Unix seconds.",
+                ),
+                &["namespace", "schedule", "time"],
+            )?,
         };
+        registry.register(Box::new(metrics.artifacts.clone()))?;
+        registry.register(Box::new(metrics.schedule_times.clone()))?;
         registry.register(Box::new(metrics.backups.clone()))?;
         registry.register(Box::new(metrics.finished.clone()))?;
         registry.register(Box::new(metrics.duration.clone()))?;
@@ -89,6 +126,37 @@ impl BackupMetrics {
         }
     }
 
+    /// A deleted Backup's stored backup was dealt with (`result` as above).
+    pub fn artifact(&self, result: &str) {
+        self.artifacts.with_label_values(&[result]).inc();
+    }
+
+    /// Sets the schedules' times from every cached schedule and Backup (a
+    /// schedule deleted loses its series).
+    pub fn refresh_schedules(&self, schedules: &[Arc<BackupSchedule>], backups: &[Arc<Backup>]) {
+        self.schedule_times.reset();
+        for schedule in schedules {
+            let Some(status) = &schedule.status else {
+                continue;
+            };
+            let last_failure = last_failure(schedule, backups);
+            let times = [
+                &status.last_successful_time,
+                &last_failure,
+                &status.first_recoverability_point,
+                &status.last_recoverability_point,
+            ];
+            for (label, time) in SCHEDULE_TIMES.iter().zip(times) {
+                if let Some(time) = time {
+                    let namespace = schedule.namespace().unwrap_or_default();
+                    self.schedule_times
+                        .with_label_values(&[namespace.as_str(), &schedule.name_any(), label])
+                        .set(time.0.as_millisecond() as f64 / 1000.0);
+                }
+            }
+        }
+    }
+
     /// Sets the phase gauge from every cached Backup.
     pub fn refresh(&self, backups: &[Arc<Backup>]) {
         let phase_of = |b: &Backup| b.status.as_ref().and_then(|s| s.phase);
@@ -106,4 +174,21 @@ impl BackupMetrics {
             .with_label_values(&["Unknown"])
             .set(i64::try_from(unknown).unwrap_or(i64::MAX));
     }
+}
+
+/// When the newest failed Backup of `schedule` failed.
+fn last_failure(
+    schedule: &BackupSchedule,
+    backups: &[Arc<Backup>],
+) -> Option<cairn_api::common::Time> {
+    let name = schedule.name_any();
+    backups
+        .iter()
+        .filter(|b| b.namespace() == schedule.namespace())
+        .filter(|b| b.labels().get(cairn_api::backup::v1::SCHEDULE_LABEL) == Some(&name))
+        .filter_map(|b| {
+            let status = b.status.as_ref()?;
+            (status.phase == Some(BackupPhase::Failed)).then(|| status.completed_at.clone())?
+        })
+        .max_by_key(|t| t.0)
 }

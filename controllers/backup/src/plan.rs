@@ -78,9 +78,6 @@ pub fn decide(backup: &Backup, world: &World) -> Decision {
     ) {
         return Decision::Final;
     }
-    if let Some(refused) = refuse(backup) {
-        return refused;
-    }
     let running = status.phase == Some(BackupPhase::Running);
     let decision = if running {
         follow(backup, &status, world)
@@ -99,17 +96,6 @@ pub fn decide(backup: &Backup, world: &World) -> Decision {
         };
     }
     decision
-}
-
-/// What this version cannot do, refused with a reason (never faked).
-fn refuse(backup: &Backup) -> Option<Decision> {
-    if backup.spec.method == cairn_api::backup::v1::BackupMethod::Logical {
-        return Some(Decision::Failed {
-            reason: "MethodNotSupported",
-            message: "method logical (pg_dump) is not supported yet; use method physical".into(),
-        });
-    }
-    None
 }
 
 /// A Pending backup: the cluster and an instance to take it.
@@ -475,15 +461,6 @@ mod tests {
             decide(&pending, &none),
             Decision::Wait {
                 reason: "ClusterNotFound",
-                ..
-            }
-        ));
-        let mut logical = pending.clone();
-        logical.spec.method = cairn_api::backup::v1::BackupMethod::Logical;
-        assert!(matches!(
-            decide(&logical, &none),
-            Decision::Failed {
-                reason: "MethodNotSupported",
                 ..
             }
         ));

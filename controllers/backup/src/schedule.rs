@@ -17,10 +17,11 @@ use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
 use crate::MANAGER;
+use crate::artifact::{self, Window};
 use crate::backup::{self, Context};
 use crate::error::Error;
 use crate::plan::{self, Decision};
-use crate::schedule_plan::{self, Timing};
+use crate::schedule_plan::{self, Storage, Timing};
 
 pub async fn reconcile(schedule: Arc<BackupSchedule>, ctx: Arc<Context>) -> Result<Recheck, Error> {
     let now = Timestamp::now();
@@ -50,18 +51,23 @@ pub async fn reconcile(schedule: Arc<BackupSchedule>, ctx: Arc<Context>) -> Resu
         .backups
         .state()
         .into_iter()
+        // One being deleted is gone already for retention and concurrency
+        // (its finalizer may hold it a while).
         .filter(|b| {
             b.namespace().as_deref() == Some(namespace.as_str())
                 && b.labels().get(SCHEDULE_LABEL) == Some(&name)
+                && b.metadata.deletion_timestamp.is_none()
         })
         .collect();
-    let plan = schedule_plan::plan(
-        &schedule,
-        &timing,
-        &backups,
-        archiving(&ctx, &schedule),
-        now,
+    let cluster = ctx.caches.clusters.get(
+        &ObjectRef::<DatabaseCluster>::new(&schedule.spec.template.spec.cluster.name)
+            .within(&namespace),
     );
+    let storage = Storage {
+        archiving: archiving(cluster.as_deref()),
+        window: window(&ctx, &schedule, cluster.as_deref()).await,
+    };
+    let plan = schedule_plan::plan(&schedule, &timing, &backups, storage, now);
     let api: Api<Backup> = Api::namespaced(ctx.client.clone(), &namespace);
     for running in &plan.replace {
         let Some(backup) = backups.iter().find(|b| b.name_any() == *running) else {
@@ -128,18 +134,48 @@ pub async fn reconcile(schedule: Arc<BackupSchedule>, ctx: Arc<Context>) -> Resu
 /// Whether the schedule's cluster archives its WAL, as its
 /// `ContinuousArchiving` condition says (a cluster without the condition
 /// archives nothing to fail).
-fn archiving(ctx: &Context, schedule: &BackupSchedule) -> Result<(), String> {
-    let cluster = ctx.caches.clusters.get(
-        &ObjectRef::<DatabaseCluster>::new(&schedule.spec.template.spec.cluster.name)
-            .within(&schedule.namespace().unwrap_or_default()),
-    );
-    let failing = cluster.as_ref().and_then(|c| {
+fn archiving(cluster: Option<&DatabaseCluster>) -> Result<(), (&'static str, String)> {
+    let failing = cluster.and_then(|c| {
         let condition = conditions::find(&c.status.as_ref()?.conditions, "ContinuousArchiving")?;
         (condition.status == "False")
             .then(|| format!("{}: {}", condition.reason, condition.message))
     });
-    failing.map_or(Ok(()), Err)
+    failing.map_or(Ok(()), |why| Err(("WALArchivingFailing", why)))
 }
+
+/// The cluster's recoverability window, read from its folder of the
+/// bucket; `None` without a destination. Any failure (the Secret, the
+/// bucket, no answer within [`BUCKET_TIMEOUT`]) is an `Err` for
+/// `BackupsHealthy`, never a failed reconcile: the slots come first.
+async fn window(
+    ctx: &Context,
+    schedule: &BackupSchedule,
+    cluster: Option<&DatabaseCluster>,
+) -> Result<Option<Window>, String> {
+    let Some(destination) = artifact::destination(&schedule.spec.template.spec, cluster) else {
+        return Ok(None);
+    };
+    let namespace = schedule.namespace().unwrap_or_default();
+    let cluster_name = &schedule.spec.template.spec.cluster.name;
+    let read = async {
+        let settings = artifact::settings(&ctx.client, &namespace, destination)
+            .await
+            .map_err(|e| format!("reading the credentials Secret: {e}"))??;
+        artifact::window(&settings, cluster_name)
+            .await
+            .map_err(|e| e.summary())
+    };
+    match tokio::time::timeout(BUCKET_TIMEOUT, read).await {
+        Ok(window) => window.map(Some),
+        Err(_) => Err(format!(
+            "the bucket did not answer within {} s",
+            BUCKET_TIMEOUT.as_secs()
+        )),
+    }
+}
+
+/// How long a schedule's look at the bucket may take.
+const BUCKET_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 async fn write_status(
     api: &Api<BackupSchedule>,

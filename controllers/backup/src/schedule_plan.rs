@@ -20,6 +20,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::{Resource, ResourceExt};
 
+use crate::artifact::Window;
+
 /// How long failed Backups of a schedule stay: the newest one only.
 const FAILED_KEPT: usize = 1;
 /// While a schedule's Backup runs, its status (last success, retention) is
@@ -90,11 +92,32 @@ pub fn backup_name(schedule: &str, slot: Timestamp) -> String {
 /// What `schedule` does at `now`, given its Backups (those labelled with
 /// its name) and whether its cluster's WAL archiving works (`Err` says why
 /// not).
+/// What the plan reads about the cluster's storage, besides the Backups.
+#[derive(Clone, Debug)]
+pub struct Storage {
+    /// WAL archiving, as the cluster's `ContinuousArchiving` condition says.
+    pub archiving: Result<(), (&'static str, String)>,
+    /// The recoverability window from the cluster's folder of the bucket;
+    /// `Ok(None)` when there is no destination to read, `Err` when the
+    /// bucket cannot be read (the last window read is kept).
+    pub window: Result<Option<Window>, String>,
+}
+
+impl Storage {
+    /// Archiving fine, nothing to read.
+    pub fn healthy() -> Self {
+        Self {
+            archiving: Ok(()),
+            window: Ok(None),
+        }
+    }
+}
+
 pub fn plan(
     schedule: &BackupSchedule,
     timing: &Timing,
     backups: &[Arc<Backup>],
-    archiving: Result<(), String>,
+    storage: Storage,
     now: Timestamp,
 ) -> Plan {
     let mut status = schedule.status.clone().unwrap_or_default();
@@ -170,6 +193,15 @@ pub fn plan(
         )
         .collect();
     status.observed_generation = schedule.metadata.generation;
+    let bucket = match storage.window {
+        Ok(window) => {
+            let window = window.unwrap_or_default();
+            status.first_recoverability_point = window.first.map(Time);
+            status.last_recoverability_point = window.last.map(Time);
+            Ok(())
+        }
+        Err(why) => Err(why),
+    };
     let generation = schedule.metadata.generation;
     let mut set = |type_: &str, ok: bool, reason: &str, message: String| {
         let condition = conditions::new(type_, ok, reason, message, generation, Time(now));
@@ -192,7 +224,9 @@ pub fn plan(
         timing,
         since_creation(schedule),
         newest_success,
-        archiving,
+        storage
+            .archiving
+            .and(bucket.map_err(|why| ("BucketUnreadable", why))),
         now,
     );
     set("BackupsHealthy", healthy, reason, message);
@@ -219,18 +253,19 @@ fn since_creation(schedule: &BackupSchedule) -> Option<Timestamp> {
     schedule.metadata.creation_timestamp.as_ref().map(|t| t.0)
 }
 
-/// `BackupsHealthy`: False when WAL archiving fails, or when the newest
-/// successful Backup (or, without one, the schedule's creation) is older
-/// than two intervals of the schedule.
+/// `BackupsHealthy`: False when WAL archiving fails or the bucket cannot
+/// be read (`storage`'s reason and message), or when the newest successful
+/// Backup (or, without one, the schedule's creation) is older than two
+/// intervals of the schedule.
 fn health(
     timing: &Timing,
     created: Option<Timestamp>,
     newest_success: Option<Timestamp>,
-    archiving: Result<(), String>,
+    storage: Result<(), (&'static str, String)>,
     now: Timestamp,
 ) -> (bool, &'static str, String) {
-    if let Err(why) = archiving {
-        return (false, "WALArchivingFailing", why);
+    if let Err((reason, why)) = storage {
+        return (false, reason, why);
     }
     let interval = match (timing.latest(now), timing.next(now)) {
         (Some(previous), Some(next)) => next.duration_since(previous),
@@ -397,7 +432,7 @@ mod tests {
 
     fn plan_at(schedule: &BackupSchedule, backups: &[Arc<Backup>], now: &str) -> Plan {
         let timing = Timing::parse(schedule).expect("timing");
-        plan(schedule, &timing, backups, Ok(()), at(now))
+        plan(schedule, &timing, backups, Storage::healthy(), at(now))
     }
 
     #[test]
@@ -524,16 +559,67 @@ mod tests {
             ("False".into(), "NoSuccessfulBackup".into())
         );
         let timing = Timing::parse(&nightly).expect("timing");
+        let archiving = Storage {
+            archiving: Err(("WALArchivingFailing", "bucket unreachable".into())),
+            ..Storage::healthy()
+        };
         let failing = plan(
             &nightly,
             &timing,
             &recent,
-            Err("WALArchivingFailing: bucket unreachable".into()),
+            archiving,
             at("2026-11-26T12:00:00Z"),
         );
         assert_eq!(
             healthy(&failing),
             ("False".into(), "WALArchivingFailing".into())
+        );
+        let unreadable = Storage {
+            window: Err("ListObjectsV2: AccessDenied".into()),
+            ..Storage::healthy()
+        };
+        let blind = plan(
+            &nightly,
+            &timing,
+            &recent,
+            unreadable,
+            at("2026-11-26T12:00:00Z"),
+        );
+        assert_eq!(healthy(&blind), ("False".into(), "BucketUnreadable".into()));
+    }
+
+    #[test]
+    fn the_window_read_from_the_bucket_is_reported_and_kept_while_unreadable() {
+        let nightly = schedule(json!({}), json!({}));
+        let timing = Timing::parse(&nightly).expect("timing");
+        let window = Window {
+            first: Some(at("2026-11-20T02:05:00Z")),
+            last: Some(at("2026-11-26T11:59:00Z")),
+        };
+        let read = Storage {
+            window: Ok(Some(window)),
+            ..Storage::healthy()
+        };
+        let plan_read = plan(&nightly, &timing, &[], read, at("2026-11-26T12:00:00Z"));
+        let status = &plan_read.status;
+        assert_eq!(
+            status.first_recoverability_point,
+            Some(Time(at("2026-11-20T02:05:00Z")))
+        );
+        assert_eq!(
+            status.last_recoverability_point,
+            Some(Time(at("2026-11-26T11:59:00Z")))
+        );
+        let mut seen = nightly.clone();
+        seen.status = Some(plan_read.status.clone());
+        let unreadable = Storage {
+            window: Err("timeout".into()),
+            ..Storage::healthy()
+        };
+        let kept = plan(&seen, &timing, &[], unreadable, at("2026-11-26T12:01:00Z"));
+        assert_eq!(
+            kept.status.first_recoverability_point,
+            status.first_recoverability_point
         );
     }
 

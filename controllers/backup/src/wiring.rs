@@ -47,6 +47,7 @@ pub fn controllers(manager: &mut Manager) -> Result<Vec<Runnable>, prometheus::E
     let store = backups.store();
     let caches = Caches {
         backups: store.clone(),
+        schedules: schedule_store.clone(),
         clusters: clusters.without_trigger(),
         pods: pods.without_trigger(),
         leases: leases.without_trigger(),

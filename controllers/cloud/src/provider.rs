@@ -57,13 +57,7 @@ impl Provider {
             ))
         })?;
         let key = |key: &str| {
-            secret
-                .data
-                .as_ref()
-                .and_then(|d| d.get(key))
-                .and_then(|v| String::from_utf8(v.0.clone()).ok())
-                .map(|v| v.trim().to_owned())
-                .filter(|v| !v.is_empty())
+            cairn_storage::s3::secret_value(secret, key)
                 .ok_or_else(|| Unusable(format!("Secret {secret_name} has no key {key}")))
         };
         let credentials = Credentials::new(

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use cairn_api::backup::v1::{ACCESS_KEY_ID, S3Destination, SECRET_ACCESS_KEY};
+use cairn_api::backup::v1::{ACCESS_KEY_ID, BackupMethod, S3Destination, SECRET_ACCESS_KEY};
 use cairn_api::database::instance;
 use cairn_api::database::v1::{DEFAULT_FAILOVER_DELAY_SECONDS, DatabaseCluster, REPLICATION_USER};
 use cairn_runtime::labels;
@@ -754,6 +754,10 @@ fn restore_env(cluster: &DatabaseCluster) -> Vec<EnvVar> {
             target.and_then(|t| t.name.clone()),
         ),
         ("CAIRN_RESTORE_TARGET_END_OF_BACKUP", end_of_backup),
+        (
+            "CAIRN_RESTORE_LOGICAL",
+            (source.method == Some(BackupMethod::Logical)).then(|| "true".to_owned()),
+        ),
     ]
     .into_iter()
     .filter_map(|(name, value)| {

@@ -5,7 +5,7 @@
 //! archives to its own folder, so its name must differ from the source's.
 
 use cairn_api::backup::layout::{BackupId, Layout};
-use cairn_api::backup::v1::{Backup, BackupPhase};
+use cairn_api::backup::v1::{Backup, BackupMethod, BackupPhase};
 use cairn_api::database::v1::{DatabaseCluster, FromBucketSpec, RestoredFrom};
 use kube::{Api, ResourceExt};
 
@@ -40,6 +40,7 @@ pub mod reason {
     pub const NO_DESTINATION: &str = "RestoreNeedsDestination";
     pub const BACKUP_ELSEWHERE: &str = "BackupElsewhere";
     pub const SAME_NAME: &str = "RestoreIntoSourceName";
+    pub const TARGET_WITH_DUMP: &str = "RecoveryTargetWithLogicalBackup";
 }
 
 /// The restore's source. A `fromBackup` reads its Backup (outside the
@@ -97,6 +98,7 @@ pub fn check_bucket(cluster: &DatabaseCluster, from: &FromBucketSpec) -> Source 
         cluster: from.cluster.clone(),
         backup_id: from.backup_id.clone(),
         location,
+        method: None,
     })
 }
 
@@ -156,10 +158,30 @@ pub fn check(cluster: &DatabaseCluster, backup: Option<&Backup>) -> Source {
     let Some(s3) = build::archive_destination(cluster) else {
         return no_destination();
     };
+    let method = backup.spec.method;
+    let target = cluster
+        .spec
+        .bootstrap
+        .as_ref()
+        .and_then(|b| b.recovery_target());
+    if method == BackupMethod::Logical && target.is_some() {
+        return Source::Refused {
+            reason: reason::TARGET_WITH_DUMP,
+            message: format!(
+                "Backup {name:?} is logical (a pg_dump): it restores as it was dumped, with no \
+                 WAL to replay to a recovery target; remove recoveryTarget, or restore a physical \
+                 backup"
+            ),
+        };
+    }
     let id = status.backup_id.clone().unwrap_or_default();
     let expected = BackupId::parse(&id).ok().map(|id| {
         let layout = Layout::new(s3.prefix.as_deref().unwrap_or(""), &source);
-        format!("s3://{}/{}", s3.bucket, layout.base_backup(&id))
+        format!(
+            "s3://{}/{}",
+            s3.bucket,
+            layout.backup(method.stored_as(), &id)
+        )
     });
     let location = status.location.clone().unwrap_or_default();
     if expected.as_deref() != Some(location.as_str()) {
@@ -179,6 +201,7 @@ pub fn check(cluster: &DatabaseCluster, backup: Option<&Backup>) -> Source {
         cluster: source,
         backup_id: Some(id),
         location,
+        method: (method == BackupMethod::Logical).then_some(method),
     })
 }
 
@@ -222,8 +245,35 @@ mod tests {
                 cluster: "orders".into(),
                 backup_id: Some("nightly-0a1b2c3d".into()),
                 location: "s3://wal/shop/orders/base/nightly-0a1b2c3d/".into(),
+                method: None,
             })
         );
+        // A logical backup is in the dumps folder, and restores as dumped:
+        // no recovery target.
+        let mut dump = backup(
+            "orders",
+            json!({ "phase": "Completed", "backupId": "nightly-0a1b2c3d",
+            "location": "s3://wal/shop/orders/dumps/nightly-0a1b2c3d/" }),
+        );
+        dump.spec.method = BackupMethod::Logical;
+        let found = check(&restoring(), Some(&dump));
+        assert!(
+            matches!(&found, Source::Found(from) if from.method == Some(BackupMethod::Logical)),
+            "{found:?}"
+        );
+        let mut to_a_time = restoring();
+        to_a_time.spec.bootstrap = Some(
+            serde_json::from_value(json!({ "fromBackup": { "name": "nightly",
+                "recoveryTarget": { "time": "2026-11-26T00:00:00Z" } } }))
+            .expect("bootstrap"),
+        );
+        assert!(matches!(
+            check(&to_a_time, Some(&dump)),
+            Source::Refused {
+                reason: reason::TARGET_WITH_DUMP,
+                ..
+            }
+        ));
     }
 
     #[test]
@@ -238,6 +288,7 @@ mod tests {
                 cluster: "orders".into(),
                 backup_id: None,
                 location: "s3://wal/shop/orders/".into(),
+                method: None,
             })
         );
         let same: FromBucketSpec =

@@ -1,4 +1,5 @@
-//! Base backups on request. The backup controller hands a Backup to this
+//! Backups on request: base backups (pg_basebackup) and logical backups
+//! (pg_dump of the application database). The backup controller hands a Backup to this
 //! instance by naming it in the Backup's `status.instance`; the instance
 //! watches its cluster's Backups (read only), takes the one assigned to it,
 //! and reports progress in its membership Lease (`ObservedState.backup`), the
@@ -15,9 +16,9 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
 
-use cairn_api::backup::v1::{Backup, BackupPhase};
+use cairn_api::backup::v1::{Backup, BackupMethod, BackupPhase};
 use cairn_api::database::instance::{self as contract, BackupProgress, BackupProgressPhase};
-use cairn_storage::layout::BASE_BACKUP_DATA;
+use cairn_storage::layout::{BASE_BACKUP_DATA, DUMP_DATA};
 use cairn_storage::{BackupId, BaseBackups, Manifest};
 use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
@@ -34,6 +35,7 @@ use crate::state::State;
 pub struct Request {
     pub name: String,
     pub uid: String,
+    pub method: BackupMethod,
 }
 
 /// The Running Backup assigned to `pod`, the oldest if there are several
@@ -53,6 +55,7 @@ pub fn assigned<'a>(backups: impl IntoIterator<Item = &'a Backup>, pod: &str) ->
         .map(|b| Request {
             name: b.name_any(),
             uid: b.uid().unwrap_or_default(),
+            method: b.spec.method,
         })
 }
 
@@ -88,6 +91,8 @@ pub async fn watch_requests(
 pub struct Taker {
     pub config: Arc<Config>,
     pub backups: BaseBackups,
+    /// Where logical backups go.
+    pub dumps: BaseBackups,
     pub cluster: String,
     pub state: Arc<State>,
     pub children: Children,
@@ -108,8 +113,43 @@ impl Taker {
             };
             tokio::select! {
                 () = work => {}
-                changed = requests.changed() => if changed.is_err() { return },
+                changed = requests.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    if let Some(withdrawn) = &request {
+                        self.withdrawn(withdrawn);
+                    }
+                }
             }
+        }
+    }
+
+    /// A backup stopped because its Backup is no longer assigned here
+    /// (failed at its deadline, deleted): reported Failed if it was still
+    /// running, so the controller knows at once that nothing more is
+    /// written for it.
+    fn withdrawn(&self, request: &Request) {
+        let running = self
+            .state
+            .status()
+            .backup
+            .filter(|b| b.uid == request.uid && b.phase == BackupProgressPhase::Running);
+        if let Some(running) = running {
+            tracing::info!(backup = %request.name, "backup withdrawn: stopped");
+            self.report(failed(
+                request,
+                &running.id,
+                "withdrawn: the Backup is no longer assigned to this instance".into(),
+            ));
+        }
+    }
+
+    /// Where backups of `method` go.
+    fn store(&self, method: BackupMethod) -> &BaseBackups {
+        match method {
+            BackupMethod::Physical => &self.backups,
+            BackupMethod::Logical => &self.dumps,
         }
     }
 
@@ -119,49 +159,62 @@ impl Taker {
             Ok(id) => id,
             Err(e) => return failed(request, "", e.to_string()),
         };
+        let store = self.store(request.method);
         let mut progress = BackupProgress {
             name: request.name.clone(),
             uid: request.uid.clone(),
             phase: BackupProgressPhase::Running,
             id: id.to_string(),
-            location: Some(self.backups.location(&id)),
+            location: Some(store.location(&id)),
             ..BackupProgress::default()
         };
-        match self.backups.manifest(&id).await {
+        match store.manifest(&id).await {
             Ok(Some(manifest)) => return completed(progress, &manifest, None),
             Ok(None) => {}
             Err(e) => return failed(request, id.as_str(), e.summary()),
         }
-        tracing::info!(backup = %request.name, %id, "taking a base backup");
+        let method = request.method;
+        tracing::info!(backup = %request.name, %id, ?method, "taking a backup");
         self.report(progress.clone());
-        match self.stream(&id, &mut progress).await {
+        match self.stream(method, &id, &mut progress).await {
             Ok(manifest) => {
                 let elapsed = started.elapsed().as_millis() as u64;
-                tracing::info!(backup = %request.name, %id, bytes = manifest.stored_bytes(), milliseconds = elapsed, "base backup stored");
+                tracing::info!(backup = %request.name, %id, bytes = manifest.stored_bytes(), milliseconds = elapsed, "backup stored");
                 completed(progress, &manifest, Some(elapsed))
             }
             Err(message) => {
-                tracing::warn!(backup = %request.name, %id, %message, "base backup failed");
+                tracing::warn!(backup = %request.name, %id, %message, "backup failed");
                 failed(request, id.as_str(), message)
             }
         }
     }
 
-    /// pg_basebackup's tar stream, compressed into the bucket as it comes,
-    /// then the manifest.
+    /// pg_basebackup's tar stream or pg_dump's archive, compressed into the
+    /// bucket as it comes, then the manifest.
     async fn stream(
         &self,
+        method: BackupMethod,
         id: &BackupId,
         progress: &mut BackupProgress,
     ) -> Result<Manifest, String> {
         let started_at = Timestamp::now().to_string();
-        let mut command = self.basebackup_command()?;
+        // Where a dump stands in the WAL: the position it was taken at.
+        let before = self.state.status();
+        let (program, mut command, file_name) = match method {
+            BackupMethod::Physical => (
+                "pg_basebackup",
+                self.basebackup_command()?,
+                BASE_BACKUP_DATA,
+            ),
+            BackupMethod::Logical => ("pg_dump", self.dump_command()?, DUMP_DATA),
+        };
+        let store = self.store(method);
         let mut child = self
             .children
             .spawn_piped(&mut command)
-            .map_err(|e| format!("cannot start pg_basebackup: {e}"))?;
-        let stdout = child.stdout.take().ok_or("pg_basebackup has no stdout")?;
-        let mut stderr = child.stderr.take().ok_or("pg_basebackup has no stderr")?;
+            .map_err(|e| format!("cannot start {program}: {e}"))?;
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        let mut stderr = child.stderr.take().ok_or("no stderr")?;
         let log = tokio::task::spawn_blocking(move || {
             let mut text = String::new();
             let _ = stderr.read_to_string(&mut text);
@@ -169,9 +222,8 @@ impl Taker {
         });
         let state = self.state.clone();
         let reported = progress.clone();
-        let uploaded = self
-            .backups
-            .upload(id, BASE_BACKUP_DATA, stdout, move |bytes| {
+        let uploaded = store
+            .upload(id, file_name, stdout, move |bytes| {
                 let mut now = reported.clone();
                 now.stored_bytes = bytes;
                 state.update(|s| s.backup = Some(now));
@@ -185,18 +237,28 @@ impl Taker {
         if !exit.success() {
             // What it wrote before failing was stored (its stdout closed):
             // no manifest makes it a backup, but it is removed all the same.
-            let _ = self.backups.delete(id).await;
+            let _ = store.delete(id).await;
             return Err(format!(
-                "pg_basebackup failed ({exit}): {}",
+                "{program} failed ({exit}): {}",
                 last_lines(&log, 3)
             ));
         }
-        let range = WalRange::parse(&log).ok_or_else(|| {
-            format!(
-                "pg_basebackup did not report its WAL range: {}",
-                last_lines(&log, 3)
-            )
-        })?;
+        let range = match method {
+            BackupMethod::Physical => WalRange::parse(&log).ok_or_else(|| {
+                format!(
+                    "pg_basebackup did not report its WAL range: {}",
+                    last_lines(&log, 3)
+                )
+            })?,
+            BackupMethod::Logical => {
+                let position = before.wal_position.unwrap_or_default();
+                WalRange {
+                    begin: position.clone(),
+                    end: position,
+                    timeline: before.timeline.unwrap_or_default(),
+                }
+            }
+        };
         progress.stored_bytes = file.compressed_bytes;
         let manifest = Manifest {
             id: id.to_string(),
@@ -211,11 +273,22 @@ impl Taker {
             server_version: self.state.status().server_version,
             files: vec![file],
         };
-        self.backups
+        store
             .write_manifest(&manifest)
             .await
             .map_err(|e| e.summary())?;
         Ok(manifest)
+    }
+
+    /// pg_dump of the application database, custom format uncompressed
+    /// (zstd compresses it on its way to the bucket), as the superuser over
+    /// loopback. On a standby it reads one snapshot of the replica; a
+    /// replay conflict that cancels it fails the backup with PostgreSQL's
+    /// words.
+    fn dump_command(&self) -> Result<Command, String> {
+        let mut command = self.config.superuser_tool("pg_dump", "cairn-backup")?;
+        command.args(["--format=custom", "--compress=0"]);
+        Ok(command)
     }
 
     /// pg_basebackup of this instance's own server, over loopback as the
@@ -366,7 +439,8 @@ mod tests {
             assigned(&backups, "orders-1"),
             Some(Request {
                 name: "mine".into(),
-                uid: "uid-mine".into()
+                uid: "uid-mine".into(),
+                method: BackupMethod::Physical,
             })
         );
         assert_eq!(assigned(&backups[..1], "orders-1"), None);

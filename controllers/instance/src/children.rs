@@ -202,7 +202,30 @@ impl Children {
         let guard = TerminateOnDrop(Some(child.signaller()));
         Ok(Piped {
             child,
+            stdin: None,
             stdout: Some(stdout),
+            stderr: Some(stderr),
+            guard,
+        })
+    }
+
+    /// Starts `command` with its stdin and stderr piped from and to the
+    /// caller, for input too large to hold (a dump fed to pg_restore).
+    /// Dropping the result before its exit stops the command (SIGTERM).
+    pub fn spawn_fed(&self, command: &mut Command) -> std::io::Result<Piped> {
+        command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let (mut std_child, child) = self.spawn_registered(command)?;
+        let missing = || std::io::Error::other("no pipe");
+        let stdin = std_child.stdin.take().ok_or_else(missing)?;
+        let stderr = std_child.stderr.take().ok_or_else(missing)?;
+        let guard = TerminateOnDrop(Some(child.signaller()));
+        Ok(Piped {
+            child,
+            stdin: Some(stdin),
+            stdout: None,
             stderr: Some(stderr),
             guard,
         })
@@ -247,6 +270,7 @@ impl Children {
 /// A child started by [`Children::spawn_piped`].
 pub struct Piped {
     child: Child,
+    pub stdin: Option<std::process::ChildStdin>,
     pub stdout: Option<std::process::ChildStdout>,
     pub stderr: Option<std::process::ChildStderr>,
     guard: TerminateOnDrop,
@@ -259,6 +283,12 @@ impl Piped {
         let exit = self.child.wait().await;
         self.guard.0 = None;
         exit
+    }
+
+    /// Stops the child (SIGTERM) and waits for its exit.
+    pub async fn stop(&mut self) -> Exit {
+        self.child.signaller().signal(Signal::SIGTERM);
+        self.wait().await
     }
 }
 

@@ -132,6 +132,12 @@ pub struct Config {
     /// Stop as soon as the backup is consistent.
     #[arg(long, env = "CAIRN_RESTORE_TARGET_END_OF_BACKUP", default_value_t = false, action = clap::ArgAction::Set)]
     pub restore_target_end_of_backup: bool,
+    /// The backup restored is a logical one (pg_dump, in the source's
+    /// `dumps/` folder; `CAIRN_RESTORE_BACKUP_ID` names it): the first
+    /// primary runs initdb, then loads the dump into the application
+    /// database before it is ever ready.
+    #[arg(long, env = "CAIRN_RESTORE_LOGICAL", default_value_t = false, action = clap::ArgAction::Set)]
+    pub restore_logical: bool,
     #[arg(long, env = "CAIRN_LOG_FORMAT", value_enum, default_value = "json")]
     pub log_format: LogFormat,
     #[arg(long, env = "CAIRN_LOG_LEVEL", default_value = "info")]
@@ -152,6 +158,32 @@ impl Config {
 
     pub fn credential(&self, key: &str) -> std::io::Result<String> {
         secret_file(&self.credentials_dir, key)
+    }
+
+    /// `program` (pg_dump, pg_restore) connected to this instance's server
+    /// as the superuser over loopback, on the application database.
+    pub fn superuser_tool(
+        &self,
+        program: &str,
+        name: &str,
+    ) -> Result<std::process::Command, String> {
+        let read = |key: &str| {
+            self.credential(key)
+                .map_err(|e| format!("credentials ({key}): {e}"))
+        };
+        let database = read(contract::DATABASE_KEY)?;
+        let password = read(contract::SUPERUSER_PASSWORD_KEY)?;
+        let mut command = std::process::Command::new(self.program(program));
+        command
+            .args(["--no-password", "--host", "127.0.0.1", "--port"])
+            .arg(self.port.to_string())
+            .args(["--username", "postgres", "--dbname", &database])
+            .env("PGPASSWORD", password)
+            .env("PGSSLMODE", "prefer")
+            .env("PGCONNECT_TIMEOUT", "10")
+            .env("PGAPPNAME", name)
+            .env("LC_ALL", "C");
+        Ok(command)
     }
 
     /// Where WAL is archived, if the cluster has a backup destination.

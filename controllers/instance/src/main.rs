@@ -285,6 +285,7 @@ fn start_backups(
     let taker = backup::Taker {
         config: Arc::new(config.clone()),
         backups,
+        dumps: cairn_storage::BaseBackups::dumps(&settings, &cluster),
         cluster,
         state: state.clone(),
         children: children.clone(),

@@ -144,20 +144,18 @@ pub struct Limits {
 
 /// Whether the server serves its assigned role; `Err` says why not.
 /// `upstream_silence` is how long a replica has not been streaming (zero
-/// while it streams, `None` if it never has since it started).
+/// while it streams, `None` if it never has since it started); `setting_up`
+/// what a primary still does before it serves (its roles, a dump to load).
 pub fn readiness(
     assigned: Role,
     sample: &Sample,
     upstream_silence: Option<Duration>,
-    roles_ready: bool,
+    setting_up: Option<&str>,
     limits: Limits,
 ) -> Result<(), String> {
     match assigned {
         Role::Primary if sample.in_recovery => Err("promoting: still in recovery".to_owned()),
-        Role::Primary if !roles_ready => {
-            Err("creating the application database and roles".to_owned())
-        }
-        Role::Primary => Ok(()),
+        Role::Primary => setting_up.map_or(Ok(()), |what| Err(what.to_owned())),
         Role::Replica if !sample.in_recovery => {
             Err("assigned replica but running as a primary".to_owned())
         }
@@ -203,17 +201,26 @@ mod tests {
     #[test]
     fn a_primary_is_ready_out_of_recovery_with_its_roles() {
         let primary = Sample::default();
-        assert!(readiness(Role::Primary, &primary, None, true, LIMITS).is_ok());
-        assert!(readiness(Role::Primary, &primary, None, false, LIMITS).is_err());
-        assert!(readiness(Role::Primary, &replica(0), None, true, LIMITS).is_err());
+        assert!(readiness(Role::Primary, &primary, None, None, LIMITS).is_ok());
+        assert!(
+            readiness(
+                Role::Primary,
+                &primary,
+                None,
+                Some("creating roles"),
+                LIMITS
+            )
+            .is_err()
+        );
+        assert!(readiness(Role::Primary, &replica(0), None, None, LIMITS).is_err());
     }
 
     #[test]
     fn a_replica_is_ready_while_it_streams_within_the_limits() {
         let zero = Some(Duration::ZERO);
-        assert!(readiness(Role::Replica, &replica(0), zero, true, LIMITS).is_ok());
-        assert!(readiness(Role::Replica, &replica(1000), zero, true, LIMITS).is_ok());
-        let behind = readiness(Role::Replica, &replica(1001), zero, true, LIMITS);
+        assert!(readiness(Role::Replica, &replica(0), zero, None, LIMITS).is_ok());
+        assert!(readiness(Role::Replica, &replica(1000), zero, None, LIMITS).is_ok());
+        let behind = readiness(Role::Replica, &replica(1001), zero, None, LIMITS);
         assert_eq!(
             behind,
             Err("1001 bytes behind the primary (limit 1000)".to_owned())
@@ -224,17 +231,17 @@ mod tests {
     fn a_replica_cut_from_its_primary_stays_ready_until_the_silence_limit() {
         let sample = replica(0);
         let within = Some(Duration::from_secs(10));
-        assert!(readiness(Role::Replica, &sample, within, true, LIMITS).is_ok());
+        assert!(readiness(Role::Replica, &sample, within, None, LIMITS).is_ok());
         let past = Some(Duration::from_secs(11));
-        assert!(readiness(Role::Replica, &sample, past, true, LIMITS).is_err());
-        assert!(readiness(Role::Replica, &sample, None, true, LIMITS).is_err());
+        assert!(readiness(Role::Replica, &sample, past, None, LIMITS).is_err());
+        assert!(readiness(Role::Replica, &sample, None, None, LIMITS).is_err());
     }
 
     #[test]
     fn a_primary_assigned_replica_is_not_ready() {
         let primary = Sample::default();
         let zero = Some(Duration::ZERO);
-        assert!(readiness(Role::Replica, &primary, zero, true, LIMITS).is_err());
+        assert!(readiness(Role::Replica, &primary, zero, None, LIMITS).is_err());
     }
 
     #[test]

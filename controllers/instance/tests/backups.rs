@@ -4,7 +4,9 @@
 //! Backup's status), the standby streams pg_basebackup's tar into moto and
 //! reports in its Lease; the backup then really restores (a server started
 //! on the downloaded folder has the rows), and a bucket that fails midway
-//! ends in a reported failure with nothing in the catalog.
+//! ends in a reported failure with nothing in the catalog. A logical backup
+//! (pg_dump) from the standby loads into a new cluster, owned by its owner,
+//! once; a damaged one is refused and the new cluster never reports ready.
 
 mod support;
 
@@ -65,11 +67,15 @@ async fn set_phase(ns: &TestNamespace, name: &str, phase: &str) -> Result {
 /// Creates Backup `name` of cluster `orders` and hands it to `instance`, as
 /// the backup controller does.
 async fn assign_backup(ns: &TestNamespace, name: &str, instance: &str) -> Result<Backup> {
+    assign(ns, name, instance, "physical").await
+}
+
+async fn assign(ns: &TestNamespace, name: &str, instance: &str, method: &str) -> Result<Backup> {
     let backups: Api<Backup> = ns.api();
     let backup: Backup = serde_json::from_value(json!({
         "apiVersion": "backup.cairn.dev/v1", "kind": "Backup",
         "metadata": { "name": name },
-        "spec": { "cluster": { "name": "orders" }, "method": "physical" },
+        "spec": { "cluster": { "name": "orders" }, "method": method },
     }))?;
     let backup = backups.create(&PostParams::default(), &backup).await?;
     let status = json!({
@@ -95,16 +101,22 @@ fn reports(backup: &Backup, phase: BackupProgressPhase) -> impl Fn(&ObservedStat
     }
 }
 
-#[tokio::test]
-async fn a_standby_backs_up_on_request_and_the_backup_restores() -> Result {
-    let ns = cluster().namespace("instance-backups").await?;
+/// Instances `orders-0` (primary) and `orders-1` (standby) of `ns` as if in
+/// their pods, under the Role instances get, archiving to `bucket` at
+/// `endpoint`; both ready.
+async fn primary_and_standby(
+    ns: &TestNamespace,
+    fixture: &Fixture,
+    endpoint: &str,
+    bucket: &str,
+) -> Result<(support::Instance, support::Instance)> {
     cairn_testing::crds::install(
         &ns.client,
         &cairn_api::crds::for_chart("cairn-backup-controller"),
     )
     .await?;
     let pods: Api<Pod> = ns.api();
-    support::membership_objects(&ns).await?;
+    support::membership_objects(ns).await?;
     support::instance_pods(
         &pods,
         &[
@@ -113,18 +125,25 @@ async fn a_standby_backs_up_on_request_and_the_backup_restores() -> Result {
         ],
     )
     .await?;
-    let mut fixture = Fixture::new("backups", &[])?;
-    let kubeconfig = fixture.service_account_kubeconfig(&ns)?;
-    let bucket = new_bucket().await?;
-    let proxy = FaultProxy::start(cluster().s3_endpoint()).await?;
-    let spec = fixture.in_pod("orders-0", &ns, &kubeconfig)?;
-    let primary = fixture.start(&fixture.archiving_to(spec, &proxy.url(), &bucket)?)?;
+    let kubeconfig = fixture.service_account_kubeconfig(ns)?;
+    let spec = fixture.in_pod("orders-0", ns, &kubeconfig)?;
+    let primary = fixture.start(&fixture.archiving_to(spec, endpoint, bucket)?)?;
     primary.wait_ready(Duration::from_secs(60)).await?;
     let spec = fixture
-        .in_pod("orders-1", &ns, &kubeconfig)?
+        .in_pod("orders-1", ns, &kubeconfig)?
         .following(&primary);
-    let standby = fixture.start(&fixture.archiving_to(spec, &proxy.url(), &bucket)?)?;
+    let standby = fixture.start(&fixture.archiving_to(spec, endpoint, bucket)?)?;
     standby.wait_ready(Duration::from_secs(60)).await?;
+    Ok((primary, standby))
+}
+
+#[tokio::test]
+async fn a_standby_backs_up_on_request_and_the_backup_restores() -> Result {
+    let ns = cluster().namespace("instance-backups").await?;
+    let mut fixture = Fixture::new("backups", &[])?;
+    let bucket = new_bucket().await?;
+    let proxy = FaultProxy::start(cluster().s3_endpoint()).await?;
+    let (primary, standby) = primary_and_standby(&ns, &fixture, &proxy.url(), &bucket).await?;
 
     let app = primary.app().await?;
     app.batch_execute(
@@ -318,6 +337,148 @@ async fn restores_to_a_point_in_time_and_to_the_end(
         );
     }
     Ok(())
+}
+
+#[tokio::test]
+async fn a_logical_backup_from_the_standby_loads_into_a_new_cluster_once() -> Result {
+    let ns = cluster().namespace("instance-dumps").await?;
+    let mut fixture = Fixture::new("dumps", &[])?;
+    let bucket = new_bucket().await?;
+    let endpoint = cluster_endpoint();
+    let (primary, standby) = primary_and_standby(&ns, &fixture, &endpoint, &bucket).await?;
+    primary
+        .app()
+        .await?
+        .batch_execute(
+            "CREATE TABLE orders (id int PRIMARY KEY, note text);
+             INSERT INTO orders SELECT i, md5(i::text) FROM generate_series(1, 20000) i;
+             CREATE VIEW recent AS SELECT * FROM orders WHERE id > 19000;",
+        )
+        .await?;
+    // The dump is of the standby: it waits until the standby replayed all.
+    let written: String = primary
+        .sql()
+        .await?
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await?
+        .get(0);
+    let written = cairn_api::database::instance::parse_lsn(&written).ok_or("an LSN")?;
+    let leases: Api<Lease> = ns.api();
+    support::until_observed(&leases, "orders-1", |o| {
+        o.wal_position
+            .as_deref()
+            .and_then(cairn_api::database::instance::parse_lsn)
+            .is_some_and(|replayed| replayed >= written)
+    })
+    .await?;
+
+    let backup = assign(&ns, "dump", "orders-1", "logical").await?;
+    let observed = support::until_observed_within(
+        &leases,
+        "orders-1",
+        Duration::from_secs(120),
+        reports(&backup, BackupProgressPhase::Completed),
+    )
+    .await?;
+    let progress = observed.backup.expect("reported");
+    println!("logical backup from the standby: {progress:?}");
+    assert_eq!(
+        progress.location.as_deref(),
+        Some(format!("s3://{bucket}/orders/dumps/{}/", progress.id).as_str())
+    );
+    let settings = S3Settings {
+        endpoint: Some(endpoint.clone()),
+        bucket: bucket.clone(),
+        region: None,
+        prefix: String::new(),
+        access_key_id: "testing".into(),
+        secret_access_key: "testing".into(),
+    };
+    assert_eq!(
+        BaseBackups::dumps(&settings, "orders")
+            .catalog()
+            .await?
+            .len(),
+        1
+    );
+    assert!(
+        base_backups(&bucket).catalog().await?.is_empty(),
+        "a dump is no base backup"
+    );
+
+    // A new cluster loads it: every row, owned by its own owner; started
+    // again, even without the record of the load, it does not load it twice.
+    let restore = |name: &str| -> Result<support::InstanceSpec> {
+        Ok(fixture
+            .archiving_to(
+                fixture.instance(&format!("{name}-0"), "primary")?,
+                &endpoint,
+                &bucket,
+            )?
+            .env("CAIRN_CLUSTER", name)
+            .env("CAIRN_MEMBERSHIP", "false")
+            .env("CAIRN_RESTORE_CLUSTER", "orders")
+            .env("CAIRN_RESTORE_BACKUP_ID", &progress.id)
+            .env("CAIRN_RESTORE_LOGICAL", "true"))
+    };
+    let spec = restore("copy")?;
+    let mut copy = fixture.start(&spec)?;
+    let took = copy.wait_ready(Duration::from_secs(120)).await?;
+    println!("copy: the dump loaded and ready in {took:?}");
+    let count = |client: tokio_postgres::Client| async move {
+        let row = client
+            .query_one(
+                "SELECT (SELECT count(*) FROM orders), (SELECT count(*) FROM recent),                  (SELECT tableowner::text FROM pg_tables WHERE tablename = 'orders'), current_user::text",
+                &[],
+            )
+            .await?;
+        Ok::<_, Box<dyn std::error::Error>>((
+            row.get::<_, i64>(0),
+            row.get::<_, i64>(1),
+            row.get::<_, String>(2),
+            row.get::<_, String>(3),
+        ))
+    };
+    let (rows, recent, owner, user) = count(copy.app().await?).await?;
+    assert_eq!((rows, recent), (20000, 1000));
+    assert_eq!(owner, user, "owned by the new cluster's owner");
+    let exit = copy.terminate(Duration::from_secs(60)).await?;
+    assert!(exit.success(), "{exit}");
+    // As if it had stopped between the load's commit and its record.
+    std::fs::remove_file(spec.data_dir().join("cairn-dump-loaded"))?;
+    let again = fixture.start(&spec)?;
+    again.wait_ready(Duration::from_secs(60)).await?;
+    assert_eq!(count(again.app().await?).await?.0, 20000, "loaded once");
+    drop(again);
+
+    // The dump altered in the bucket: refused, and the new cluster never
+    // reports ready with an empty database.
+    let key = format!(
+        "orders/dumps/{}/{}",
+        progress.id,
+        cairn_storage::layout::DUMP_DATA
+    );
+    s3::client(&endpoint)
+        .put_object()
+        .bucket(&bucket)
+        .key(&key)
+        .body(zstd::encode_all(&b"not the dump"[..], 3)?.into())
+        .send()
+        .await?;
+    let damaged = fixture.start(&restore("copy2")?)?;
+    damaged
+        .wait_status("the load refused", Duration::from_secs(60), |s| {
+            support::last_error(s).contains("loading the logical backup")
+        })
+        .await?;
+    let status = damaged.status().await?;
+    println!(
+        "copy2 from a damaged dump: {}",
+        support::last_error(&status)
+    );
+    assert_eq!(status["ready"], false, "{status}");
+    drop((damaged, standby, primary));
+    fixture.passed()
 }
 
 fn cluster_endpoint() -> String {

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
-use crate::layout::{BASE_BACKUP_MANIFEST, BackupId};
+use crate::layout::{BASE_BACKUP_MANIFEST, BackupId, BackupKind};
 use crate::wal::{corrupt, s3};
 use crate::{Layout, S3Settings, StorageError};
 
@@ -75,21 +75,38 @@ pub struct StoredFile {
     pub compressed_bytes: u64,
 }
 
-/// One cluster's base backups in a bucket.
+/// One cluster's base backups in a bucket (or, made with
+/// [`BaseBackups::dumps`], its logical backups: the same files, manifest
+/// and catalog, in their own folder).
 #[derive(Clone, Debug)]
 pub struct BaseBackups {
     client: aws_sdk_s3::Client,
     bucket: String,
     layout: Layout,
+    kind: BackupKind,
 }
 
 impl BaseBackups {
     pub fn new(settings: &S3Settings, cluster: &str) -> Self {
+        Self::of_kind(settings, cluster, BackupKind::Base)
+    }
+
+    /// The cluster's logical backups (pg_dump).
+    pub fn dumps(settings: &S3Settings, cluster: &str) -> Self {
+        Self::of_kind(settings, cluster, BackupKind::Dump)
+    }
+
+    pub fn of_kind(settings: &S3Settings, cluster: &str, kind: BackupKind) -> Self {
         Self {
             client: settings.client(),
             bucket: settings.bucket.clone(),
             layout: Layout::new(&settings.prefix, cluster),
+            kind,
         }
+    }
+
+    fn folder(&self, id: &BackupId) -> String {
+        self.layout.backup(self.kind, id)
     }
 
     /// `s3://bucket/<cluster's folder>`: where this cluster's backups go.
@@ -97,9 +114,9 @@ impl BaseBackups {
         format!("s3://{}/{}", self.bucket, self.layout.root())
     }
 
-    /// `s3://bucket/<cluster's folder>/base/<id>/`.
+    /// `s3://bucket/<cluster's folder>/base/<id>/` (`dumps/<id>/`).
     pub fn location(&self, id: &BackupId) -> String {
-        format!("s3://{}/{}", self.bucket, self.layout.base_backup(id))
+        format!("s3://{}/{}", self.bucket, self.folder(id))
     }
 
     /// Uploads everything `source` yields as file `name` of backup `id`,
@@ -113,7 +130,7 @@ impl BaseBackups {
         source: impl Read + Send + 'static,
         progress: impl Fn(u64) + Send,
     ) -> Result<StoredFile, StorageError> {
-        let key = format!("{}{name}", self.layout.base_backup(id));
+        let key = format!("{}{name}", self.folder(id));
         let upload = self
             .client
             .create_multipart_upload()
@@ -242,7 +259,7 @@ impl BaseBackups {
     /// Stores the manifest: from now on the backup is complete.
     pub async fn write_manifest(&self, manifest: &Manifest) -> Result<(), StorageError> {
         let id = BackupId::parse(&manifest.id)?;
-        let key = format!("{}{BASE_BACKUP_MANIFEST}", self.layout.base_backup(&id));
+        let key = format!("{}{BASE_BACKUP_MANIFEST}", self.folder(&id));
         let body = serde_json::to_vec_pretty(manifest).map_err(|e| corrupt(&key, e.to_string()))?;
         self.client
             .put_object()
@@ -258,7 +275,7 @@ impl BaseBackups {
 
     /// The manifest of backup `id`; `None` while the backup is not complete.
     pub async fn manifest(&self, id: &BackupId) -> Result<Option<Manifest>, StorageError> {
-        let key = format!("{}{BASE_BACKUP_MANIFEST}", self.layout.base_backup(id));
+        let key = format!("{}{BASE_BACKUP_MANIFEST}", self.folder(id));
         let Some(object) = crate::s3::get_if_present(&self.client, &self.bucket, &key).await?
         else {
             return Ok(None);
@@ -276,11 +293,11 @@ impl BaseBackups {
 
     /// Every complete backup of the cluster, oldest first.
     pub async fn catalog(&self) -> Result<Vec<Manifest>, StorageError> {
-        let root = self.layout.base_root();
+        let root = self.layout.backups_root(self.kind);
         let ids: Vec<BackupId> = crate::s3::keys(&self.client, &self.bucket, &root)
             .await?
             .iter()
-            .filter_map(|key| self.layout.manifest_of(key))
+            .filter_map(|key| self.layout.manifest_in(self.kind, key))
             .collect();
         let mut manifests = Vec::with_capacity(ids.len());
         for id in ids {
@@ -299,7 +316,7 @@ impl BaseBackups {
         file: &StoredFile,
         sink: impl Write + Send + 'static,
     ) -> Result<(), StorageError> {
-        let key = format!("{}{}", self.layout.base_backup(id), file.name);
+        let key = format!("{}{}", self.folder(id), file.name);
         let object = self
             .client
             .get_object()
@@ -337,23 +354,11 @@ impl BaseBackups {
     /// Removes backup `id`: the manifest first, so a deletion cut short
     /// leaves an incomplete backup, never a complete-looking one.
     pub async fn delete(&self, id: &BackupId) -> Result<(), StorageError> {
-        let folder = self.layout.base_backup(id);
+        let folder = self.folder(id);
         let manifest = format!("{folder}{BASE_BACKUP_MANIFEST}");
-        self.delete_key(&manifest).await?;
-        for key in crate::s3::keys(&self.client, &self.bucket, &folder).await? {
-            self.delete_key(&key).await?;
-        }
-        Ok(())
-    }
-
-    async fn delete_key(&self, key: &str) -> Result<(), StorageError> {
-        self.client
-            .delete_object()
-            .bucket(&self.bucket)
-            .key(key)
-            .send()
-            .await
-            .map_err(|e| s3("DeleteObject", key, e))?;
+        crate::s3::delete_all(&self.client, &self.bucket, [manifest]).await?;
+        let rest = crate::s3::keys(&self.client, &self.bucket, &folder).await?;
+        crate::s3::delete_all(&self.client, &self.bucket, rest).await?;
         Ok(())
     }
 }

@@ -25,6 +25,13 @@ pub enum StorageError {
     InvalidName(#[from] cairn_api::backup::layout::InvalidWalName),
     #[error(transparent)]
     InvalidBackupId(#[from] cairn_api::backup::layout::InvalidBackupId),
+    /// The bucket does not exist (deleted, or never made).
+    #[error("{operation} {key}: the bucket does not exist ({message})")]
+    BucketGone {
+        operation: &'static str,
+        key: String,
+        message: String,
+    },
     #[error("{operation} {key}: {message}")]
     S3 {
         operation: &'static str,
@@ -53,6 +60,9 @@ impl StorageError {
             Self::S3 {
                 operation, message, ..
             } => format!("{operation}: {message}"),
+            Self::BucketGone { operation, .. } => {
+                format!("{operation}: the bucket does not exist")
+            }
             Self::Conflict { .. } => "a different file is already stored under the same name \
                 (another cluster archiving to the same place?)"
                 .to_owned(),
@@ -66,6 +76,7 @@ impl StorageError {
         match self {
             Self::InvalidName(_) | Self::InvalidBackupId(_) => "InvalidName",
             Self::S3 { .. } => "StorageUnavailable",
+            Self::BucketGone { .. } => "BucketGone",
             Self::Conflict { .. } => "Conflict",
             Self::Corrupt { .. } => "Corrupt",
             Self::Io { .. } => "LocalIO",

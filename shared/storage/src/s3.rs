@@ -9,6 +9,18 @@ use aws_sdk_s3::config::{
 /// The keys of a credentials Secret.
 pub use cairn_api::backup::v1::{ACCESS_KEY_ID, SECRET_ACCESS_KEY};
 
+/// The value of `key` in a credentials Secret, trimmed; `None` when it
+/// is missing, empty or not UTF-8.
+pub fn secret_value(secret: &k8s_openapi::api::core::v1::Secret, key: &str) -> Option<String> {
+    secret
+        .data
+        .as_ref()?
+        .get(key)
+        .and_then(|v| String::from_utf8(v.0.clone()).ok())
+        .map(|v| v.trim().to_owned())
+        .filter(|v| !v.is_empty())
+}
+
 /// The region when none is given (S3-compatible services ignore it).
 const DEFAULT_REGION: &str = "us-east-1";
 
@@ -38,6 +50,27 @@ impl std::fmt::Debug for S3Settings {
 }
 
 impl S3Settings {
+    /// The settings of a destination given explicitly, with its
+    /// credentials Secret (`None`: missing); the error says what is wrong.
+    pub fn of(
+        destination: &cairn_api::backup::v1::S3Destination,
+        secret: Option<&k8s_openapi::api::core::v1::Secret>,
+    ) -> Result<Self, String> {
+        let name = &destination.credentials_secret.name;
+        let secret = secret.ok_or_else(|| format!("Secret {name} does not exist"))?;
+        let key = |key: &str| {
+            secret_value(secret, key).ok_or_else(|| format!("Secret {name} has no key {key}"))
+        };
+        Ok(Self {
+            endpoint: destination.endpoint.clone(),
+            bucket: destination.bucket.clone(),
+            region: destination.region.clone(),
+            prefix: destination.prefix.clone().unwrap_or_default(),
+            access_key_id: key(ACCESS_KEY_ID)?,
+            secret_access_key: key(SECRET_ACCESS_KEY)?,
+        })
+    }
+
     pub fn client(&self) -> aws_sdk_s3::Client {
         let mut config = aws_sdk_s3::Config::builder()
             .behavior_version(BehaviorVersion::latest())
@@ -69,29 +102,64 @@ pub fn s3_compatible(config: Builder, endpoint: &str) -> Builder {
         .response_checksum_validation(ResponseChecksumValidation::WhenRequired)
 }
 
-/// The keys under `prefix`, every page of them.
-pub(crate) async fn keys(
+/// The objects under `prefix`, every page of them.
+pub(crate) async fn objects(
     client: &aws_sdk_s3::Client,
     bucket: &str,
     prefix: &str,
-) -> Result<Vec<String>, crate::StorageError> {
+) -> Result<Vec<aws_sdk_s3::types::Object>, crate::StorageError> {
     let mut pages = client
         .list_objects_v2()
         .bucket(bucket)
         .prefix(prefix)
         .into_paginator()
         .send();
-    let mut keys = Vec::new();
+    let mut objects = Vec::new();
     while let Some(page) = pages.next().await {
         let page = page.map_err(|e| crate::wal::s3("ListObjectsV2", prefix, e))?;
-        keys.extend(
-            page.contents()
-                .iter()
-                .filter_map(|o| o.key().map(str::to_owned)),
-        );
+        objects.extend(page.contents().iter().cloned());
     }
-    Ok(keys)
+    Ok(objects)
 }
+
+/// The keys under `prefix`, every page of them.
+pub(crate) async fn keys(
+    client: &aws_sdk_s3::Client,
+    bucket: &str,
+    prefix: &str,
+) -> Result<Vec<String>, crate::StorageError> {
+    Ok(objects(client, bucket, prefix)
+        .await?
+        .into_iter()
+        .filter_map(|o| o.key)
+        .collect())
+}
+
+/// Deletes `keys`, a few at a time (one request each: DeleteObjects needs
+/// a checksum header some S3-compatible services reject).
+pub(crate) async fn delete_all(
+    client: &aws_sdk_s3::Client,
+    bucket: &str,
+    keys: impl IntoIterator<Item = String>,
+) -> Result<usize, crate::StorageError> {
+    use futures::stream::{StreamExt, TryStreamExt};
+    futures::stream::iter(keys)
+        .map(|key| async move {
+            client
+                .delete_object()
+                .bucket(bucket)
+                .key(&key)
+                .send()
+                .await
+                .map_err(|e| crate::wal::s3("DeleteObject", &key, e))
+        })
+        .buffer_unordered(DELETES_IN_FLIGHT)
+        .try_fold(0, |deleted, _| async move { Ok(deleted + 1) })
+        .await
+}
+
+/// Deletions sent at once.
+const DELETES_IN_FLIGHT: usize = 16;
 
 /// Object `key`, or `None` if there is no such object.
 pub(crate) async fn get_if_present(

@@ -142,6 +142,31 @@ impl WalArchive {
         Ok(names)
     }
 
+    /// Deletes every file that belongs to a segment before segment
+    /// `first_needed` ([`crate::layout::segment_number_of`]), on every
+    /// timeline; timeline history files are kept (a restore reads them to
+    /// follow the timelines). Returns how many were deleted.
+    pub async fn delete_before(&self, first_needed: &str) -> Result<usize, StorageError> {
+        let keys = crate::s3::keys(&self.client, &self.bucket, &self.layout.wal_root()).await?;
+        let old = keys.into_iter().filter(|key| {
+            self.layout
+                .wal_name(key)
+                .and_then(|name| Some(name.segment_number()? < first_needed))
+                .unwrap_or(false)
+        });
+        crate::s3::delete_all(&self.client, &self.bucket, old).await
+    }
+
+    /// When the newest file of the archive was stored, if there is one.
+    pub async fn last_stored(&self) -> Result<Option<std::time::SystemTime>, StorageError> {
+        let objects =
+            crate::s3::objects(&self.client, &self.bucket, &self.layout.wal_root()).await?;
+        Ok(objects
+            .iter()
+            .filter_map(|o| std::time::SystemTime::try_from(*o.last_modified()?).ok())
+            .max())
+    }
+
     /// The checksum stored with `key`, or `None` if there is no such object.
     async fn stored_sum(&self, key: &str) -> Result<Option<String>, StorageError> {
         match self
@@ -202,6 +227,13 @@ where
         Some(code) => format!("{code}: {}", error.message().unwrap_or_default()),
         None => DisplayErrorContext(&error).to_string(),
     };
+    if error.code() == Some("NoSuchBucket") {
+        return StorageError::BucketGone {
+            operation,
+            key: key.to_owned(),
+            message,
+        };
+    }
     StorageError::S3 {
         operation,
         key: key.to_owned(),

@@ -178,3 +178,51 @@ fn tempdir() -> Result<TempDir> {
     std::fs::create_dir_all(&dir)?;
     Ok(TempDir(dir))
 }
+
+#[tokio::test]
+async fn files_before_a_segment_are_deleted_on_every_timeline_and_history_is_kept() -> Result {
+    let (archive, client, bucket) = archive("").await?;
+    let dir = tempdir()?;
+    let names = [
+        "000000010000000000000001",
+        "000000010000000000000002.00000028.backup",
+        "000000010000000000000003.partial",
+        "00000002.history",
+        "000000020000000000000003",
+        "000000020000000000000004",
+    ];
+    for name in names {
+        let path = dir.join(name);
+        std::fs::write(&path, name.as_bytes())?;
+        archive.put(&WalName::parse(name)?, &path).await?;
+    }
+    let before = archive.last_stored().await?.expect("a time");
+    assert!(before <= std::time::SystemTime::now() + std::time::Duration::from_secs(5));
+
+    let deleted = archive.delete_before("0000000000000003").await?;
+    assert_eq!(deleted, 2, "segment 1 and the label of segment 2");
+    let left: Vec<String> = archive
+        .list()
+        .await?
+        .iter()
+        .map(|n| n.to_string())
+        .collect();
+    assert_eq!(
+        left,
+        [
+            "000000010000000000000003.partial",
+            "00000002.history",
+            "000000020000000000000003",
+            "000000020000000000000004",
+        ]
+    );
+
+    // The bucket gone: said as such, so a caller can tell it from an outage.
+    s3::delete_bucket(&client, &bucket).await?;
+    let gone = archive.delete_before("0000000000000009").await;
+    assert!(
+        matches!(gone, Err(StorageError::BucketGone { .. })),
+        "{gone:?}"
+    );
+    Ok(())
+}

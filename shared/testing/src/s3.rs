@@ -21,3 +21,44 @@ pub fn client(endpoint: &str) -> aws_sdk_s3::Client {
         .build();
     aws_sdk_s3::Client::from_conf(config)
 }
+
+/// Every key of `bucket` (under `prefix`), for tests that check what is stored.
+pub async fn keys(
+    client: &aws_sdk_s3::Client,
+    bucket: &str,
+    prefix: &str,
+) -> Result<Vec<String>, aws_sdk_s3::Error> {
+    let mut pages = client
+        .list_objects_v2()
+        .bucket(bucket)
+        .prefix(prefix)
+        .into_paginator()
+        .send();
+    let mut keys = Vec::new();
+    while let Some(page) = pages.next().await {
+        keys.extend(
+            page?
+                .contents()
+                .iter()
+                .filter_map(|o| o.key().map(str::to_owned)),
+        );
+    }
+    Ok(keys)
+}
+
+/// Empties and deletes `bucket`: the bucket gone, as when its owner removed it.
+pub async fn delete_bucket(
+    client: &aws_sdk_s3::Client,
+    bucket: &str,
+) -> Result<(), aws_sdk_s3::Error> {
+    for key in keys(client, bucket, "").await? {
+        client
+            .delete_object()
+            .bucket(bucket)
+            .key(key)
+            .send()
+            .await?;
+    }
+    client.delete_bucket().bucket(bucket).send().await?;
+    Ok(())
+}

@@ -18,7 +18,7 @@ use cairn_testing::process::ControllerProcess;
 use cairn_testing::{Error, TestNamespace, cluster, crds, wait};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -29,7 +29,17 @@ pub type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
 
 pub const CHART: &str = "cairn-backup-controller";
 pub const TIMEOUT: Duration = Duration::from_secs(60);
-pub const DESTINATION: &str = "s3://backups/orders/";
+
+/// Where cluster `orders` of `ns` stores backups: a bucket of moto named
+/// after the namespace.
+pub fn destination(ns: &TestNamespace) -> String {
+    format!("s3://{}/orders/", ns.name)
+}
+
+/// An S3 client of moto, where the test's buckets are.
+pub fn s3() -> aws_sdk_s3::Client {
+    cairn_testing::s3::client(cluster().s3_endpoint())
+}
 
 pub async fn controller(ns: &TestNamespace) -> std::result::Result<ControllerProcess, Error> {
     controller_as(ns, "backup", &[]).await
@@ -70,7 +80,8 @@ pub async fn controller_as(
 /// What each instance reports, as the test sets it.
 pub type Reports = Arc<Mutex<Vec<(String, ObservedState)>>>;
 
-/// Cluster `orders` with a backup destination, pods `orders-0` (primary)
+/// Cluster `orders` with a backup destination (moto's bucket `ns.name` and
+/// a credentials Secret `s3`), pods `orders-0` (primary)
 /// and `orders-1` (standby), and their Leases renewed every second with
 /// `reports` until the returned task is dropped.
 pub async fn database_side(ns: &TestNamespace) -> Result<(Reports, tokio::task::JoinHandle<()>)> {
@@ -85,11 +96,19 @@ pub async fn database_side_completing(
     complete: bool,
 ) -> Result<(Reports, tokio::task::JoinHandle<()>)> {
     let post = PostParams::default();
+    s3().create_bucket().bucket(&ns.name).send().await?;
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": { "name": "s3" },
+        "stringData": { "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing" },
+    }))?;
+    ns.api::<Secret>().create(&post, &secret).await?;
     let database: DatabaseCluster = serde_json::from_value(json!({
         "apiVersion": "database.cairn.dev/v1", "kind": "DatabaseCluster",
         "metadata": { "name": "orders" },
         "spec": { "instances": 2, "postgres": { "version": "17" }, "storage": { "size": "1Gi" },
-                  "backup": { "destination": { "s3": { "bucket": "backups", "credentialsSecret": { "name": "s3" } } } } },
+                  "backup": { "destination": { "s3": {
+                      "endpoint": cluster().s3_endpoint(), "bucket": ns.name,
+                      "credentialsSecret": { "name": "s3" } } } } },
     }))?;
     ns.api::<DatabaseCluster>().create(&post, &database).await?;
     let labels = json!({
@@ -111,7 +130,7 @@ pub async fn database_side_completing(
                 ready: true,
                 role: Some(role.into()),
                 wal_position: Some("0/3000000".into()),
-                backup_destination: Some(DESTINATION.into()),
+                backup_destination: Some(destination(ns)),
                 ..ObservedState::default()
             },
         ));
@@ -162,11 +181,12 @@ pub async fn create_pod(ns: &TestNamespace, name: &str) -> Result<Pod> {
 /// A report of `backup` Completed.
 pub fn completed(backup: &Backup) -> BackupProgress {
     let id = format!("{}-1234abcd", backup.name_any());
+    let bucket = backup.namespace().unwrap_or_default();
     BackupProgress {
         name: backup.name_any(),
         uid: backup.uid().unwrap_or_default(),
         phase: BackupProgressPhase::Completed,
-        location: Some(format!("{DESTINATION}base/{id}/")),
+        location: Some(format!("s3://{bucket}/orders/base/{id}/")),
         id,
         timeline: Some(1),
         begin_lsn: Some("0/2000028".into()),

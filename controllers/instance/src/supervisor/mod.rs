@@ -273,6 +273,10 @@ impl Supervisor {
                 }
                 self.state.phase(Phase::Bootstrapping);
                 match (role, bootstrap) {
+                    // A dump is loaded once the new server runs (`load_dump`).
+                    (Role::Primary, Some(Bootstrap::Restore)) if self.config.restore_logical => {
+                        self.initdb().await?
+                    }
                     (Role::Primary, Some(Bootstrap::Restore)) => self.restore().await?,
                     (Role::Primary, _) => self.initdb().await?,
                     (Role::Replica, _) => self.clone_primary().await?,
@@ -464,6 +468,10 @@ impl Supervisor {
         // Secret (a rotation pending does not take a primary out of service).
         let mut roles_ready = false;
         let mut roles_current = false;
+        // A logical restore's dump loaded (or none to load): readiness
+        // waits for it, so an empty database is never served as restored.
+        let mut dump_loaded = !self.dump_pending();
+        let (mut next_load, mut load_failures) = (Instant::now(), 0);
         let mut promoted = false;
         let mut last_streaming: Option<Instant> = None;
         let started = Instant::now();
@@ -577,6 +585,13 @@ impl Supervisor {
                     roles_current = self.ensure_roles(&connection.client).await;
                     roles_ready |= roles_current;
                 }
+                (Role::Primary, false) if !dump_loaded && Instant::now() >= next_load => {
+                    dump_loaded = self.load_dump().await;
+                    if !dump_loaded {
+                        load_failures += 1;
+                        next_load = Instant::now() + Backoff::default().ceiling(load_failures);
+                    }
+                }
                 (Role::Primary, false) if tick.is_multiple_of(10) => {
                     self.drop_slots_of_removed_pods(&connection.client, &mut leaving_slots)
                         .await;
@@ -602,7 +617,14 @@ impl Supervisor {
                 }
             }
             let silence = last_streaming.map(|at| at.elapsed());
-            let ready = observe::readiness(assigned, &sample, silence, roles_ready, limits);
+            let setting_up = if !roles_ready {
+                Some("creating the application database and roles")
+            } else if !dump_loaded {
+                Some("loading the logical backup restored")
+            } else {
+                None
+            };
+            let ready = observe::readiness(assigned, &sample, silence, setting_up, limits);
             match self.check_volume() {
                 Some(low) => self.state.error(low),
                 None if ready.is_ok() => self.state.clear_error(),

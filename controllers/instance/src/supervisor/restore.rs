@@ -196,3 +196,204 @@ async fn unpack(
     unpacked.context(|| format!("unpacking {}", file.name))?;
     downloaded.map_err(|e| Error::Program(format!("downloading {}: {e}", file.name)))
 }
+
+/// A file in the data folder that says the dump of a logical restore is
+/// loaded (its content: the backup's id), so a restart never loads it again.
+const DUMP_LOADED: &str = "cairn-dump-loaded";
+
+impl Supervisor {
+    /// Whether this primary restores a logical backup it has not loaded yet.
+    pub(super) fn dump_pending(&self) -> bool {
+        self.config.restore_logical && !self.config.data_dir.join(DUMP_LOADED).exists()
+    }
+
+    /// Loads the logical backup into the application database, once its
+    /// roles exist: `true` once done. A failure is reported and tried again
+    /// later (the caller backs off); the load is one transaction, committed
+    /// only once the whole dump passed its checksum, so a failed one leaves
+    /// nothing behind. The instance counts as alive while it loads (its
+    /// server is busy restoring, not stuck).
+    pub(super) async fn load_dump(&self) -> bool {
+        let load = self.try_load_dump();
+        tokio::pin!(load);
+        let mut alive = tokio::time::interval(self.config.poll());
+        let result = loop {
+            tokio::select! {
+                result = &mut load => break result,
+                _ = alive.tick() => self.state.answered(),
+            }
+        };
+        match result {
+            Ok(()) => true,
+            Err(message) => {
+                tracing::warn!(%message, "cannot load the logical backup");
+                self.state
+                    .error(format!("loading the logical backup: {message}"));
+                false
+            }
+        }
+    }
+
+    async fn try_load_dump(&self) -> Result<(), String> {
+        let Some((source, Some(id))) = self.config.restore_source() else {
+            return Err(
+                "a logical restore needs the source cluster and the backup's id \
+                 (CAIRN_RESTORE_CLUSTER, CAIRN_RESTORE_BACKUP_ID)"
+                    .into(),
+            );
+        };
+        let id = BackupId::parse(id).map_err(|e| e.to_string())?;
+        if self.app_database_has_relations().await? {
+            // A load committed before the process could record it: the
+            // database is never written otherwise until it is ready.
+            tracing::info!("the logical backup was loaded before a restart: recording it");
+            return self.record_dump_loaded(&id);
+        }
+        let settings = self
+            .config
+            .backup_destination()
+            .map_err(|e| format!("backup destination credentials: {e}"))?
+            .ok_or("a restore reads the bucket of CAIRN_BACKUP_BUCKET, which is unset")?;
+        let dumps = BaseBackups::dumps(&settings, source);
+        let location = dumps.location(&id);
+        let manifest = dumps
+            .manifest(&id)
+            .await
+            .map_err(|e| format!("reading the manifest of {location}: {}", e.summary()))?
+            .ok_or_else(|| format!("{location} has no manifest: not a complete logical backup"))?;
+        let file = manifest
+            .files
+            .iter()
+            .find(|f| f.name == cairn_storage::layout::DUMP_DATA)
+            .ok_or_else(|| format!("the manifest of {location} lists no dump"))?;
+        tracing::info!(%location, bytes = file.bytes, "loading a logical backup");
+        let mut command = self.restore_command()?;
+        let mut child = self
+            .children
+            .spawn_fed(&mut command)
+            .map_err(|e| format!("cannot start pg_restore: {e}"))?;
+        let stdin = Arc::new(std::sync::Mutex::new(child.stdin.take()));
+        let mut stderr = child.stderr.take().ok_or("pg_restore has no stderr")?;
+        let log = tokio::task::spawn_blocking(move || {
+            let mut text = String::new();
+            let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
+            text
+        });
+        // pg_restore commits at the end of its input: its stdin is held
+        // open until the download passed its size and checksum, and a
+        // damaged dump stops pg_restore before its input ends.
+        let downloaded = dumps.download(&id, file, Held(stdin.clone())).await;
+        if let Err(e) = downloaded {
+            child.stop().await;
+            drop(stdin);
+            let log = log.await.unwrap_or_default();
+            return Err(format!(
+                "{location}: {} {}",
+                e.summary(),
+                restore_errors(&log)
+            ));
+        }
+        drop(stdin.lock().map(|mut held| held.take()));
+        let exit = child.wait().await;
+        let log = log.await.unwrap_or_default();
+        if !exit.success() {
+            return Err(format!(
+                "pg_restore failed ({exit}): {}",
+                restore_errors(&log)
+            ));
+        }
+        self.record_dump_loaded(&id)?;
+        tracing::info!(%location, "logical backup loaded");
+        Ok(())
+    }
+
+    fn record_dump_loaded(&self, id: &BackupId) -> Result<(), String> {
+        write_atomically(&self.config.data_dir.join(DUMP_LOADED), id.as_str(), 0o600)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Whether the application database holds any relation of its own.
+    async fn app_database_has_relations(&self) -> Result<bool, String> {
+        let database = self
+            .config
+            .credential(contract::DATABASE_KEY)
+            .map_err(|e| format!("credentials ({}): {e}", contract::DATABASE_KEY))?;
+        let mut config = self
+            .superuser("127.0.0.1", self.config.port)
+            .map_err(|e| e.to_string())?;
+        config.dbname(&database);
+        let (client, connection) = config
+            .connect(tokio_postgres::NoTls)
+            .await
+            .map_err(|e| format!("connecting to database {database}: {e}"))?;
+        tokio::spawn(connection);
+        let row = client
+            .query_one(
+                "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE n.nspname NOT IN ('pg_catalog', 'information_schema') \
+                 AND n.nspname NOT LIKE 'pg_toast%'",
+                &[],
+            )
+            .await
+            .map_err(|e| format!("looking into database {database}: {e}"))?;
+        Ok(row.get::<_, i64>(0) > 0)
+    }
+
+    /// pg_restore into the application database, as the superuser over
+    /// loopback, in one transaction; every object owned by the database's
+    /// owner (the source's owners and grants name roles this cluster may
+    /// not have).
+    fn restore_command(&self) -> Result<Command, String> {
+        let owner = self
+            .config
+            .credential(contract::OWNER_KEY)
+            .map_err(|e| format!("credentials ({}): {e}", contract::OWNER_KEY))?;
+        let mut command = self.config.superuser_tool("pg_restore", "cairn-restore")?;
+        command
+            .args(["--single-transaction", "--exit-on-error"])
+            .args(["--no-owner", "--no-privileges", "--role", &owner]);
+        Ok(command)
+    }
+}
+
+/// pg_restore's stdin, shared so that dropping the writer given to the
+/// download does not close it (which would let pg_restore commit).
+struct Held(Arc<std::sync::Mutex<Option<std::process::ChildStdin>>>);
+
+impl std::io::Write for Held {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut held = self
+            .0
+            .lock()
+            .map_err(|_| std::io::Error::other("poisoned"))?;
+        match held.as_mut() {
+            Some(stdin) => stdin.write(buf),
+            None => Err(std::io::ErrorKind::BrokenPipe.into()),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let mut held = self
+            .0
+            .lock()
+            .map_err(|_| std::io::Error::other("poisoned"))?;
+        held.as_mut().map_or(Ok(()), std::io::Write::flush)
+    }
+}
+
+/// The last lines of pg_restore's errors, without the lines that quote
+/// the data or the command that failed (they end up in Events and the
+/// Lease).
+fn restore_errors(log: &str) -> String {
+    let lines: Vec<&str> = log
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .filter(|l| {
+            !["DETAIL:", "CONTEXT:", "Command was:", "LINE "]
+                .iter()
+                .any(|p| l.starts_with(p))
+        })
+        .collect();
+    lines[lines.len().saturating_sub(3)..].join(" / ")
+}
