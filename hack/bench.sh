@@ -13,6 +13,11 @@
 #                                         (pgbench scale, default 10): base
 #                                         backup, replica lag under pgbench,
 #                                         the instance's idle cost, promotion
+#   hack/bench.sh backup [SCALE]          Cairn against pgBackRest (Debian's)
+#                                         on the same data (pgbench scale,
+#                                         default 10) and the same S3 endpoint
+#                                         (moto behind a TLS front): base
+#                                         backup, restore, WAL archiving
 #   hack/bench.sh failover [N] [synchronous]
 #                                         N primary node stops (default 10) on
 #                                         the real nodes, the controller from
@@ -32,8 +37,46 @@ case "$bench" in
     export CAIRN_POSTGRES_BINDIR
     exec cargo bench --locked -p cairn-instance --bench instance -- "${2:-10}" ;;
   failover) count=${2:-10} ;;
-  *) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  backup) ;;
+  *) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
+
+if [[ $bench == backup ]]; then
+  CAIRN_POSTGRES_BINDIR=$(hack/postgres.sh)
+  export CAIRN_POSTGRES_BINDIR
+  for package in pgbackrest stunnel4; do
+    command -v "$package" >/dev/null || {
+      log "installing $package from Debian's packages"
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$package" >&2 ||
+        { apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$package" >&2; }
+    }
+  done
+  STATE=$(mktemp -d "${TMPDIR:-/tmp}/cairn-bench.XXXXXX")/cluster
+  tls=$(dirname "$STATE")/tls
+  trap 'kill "$(cat "$tls/stunnel.pid" 2>/dev/null)" 2>/dev/null || true; hack/local-cluster.sh down "$STATE"; rm -rf "$tls"; rmdir "$(dirname "$STATE")" 2>/dev/null || true' EXIT
+  hack/local-cluster.sh up "$STATE"
+  # pgBackRest speaks only HTTPS to S3, and checks a DNS name (not an IP)
+  # in the certificate: moto behind stunnel, at https://localhost.
+  mkdir -p "$tls"
+  openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=cairn-bench-ca \
+    -keyout "$tls/ca.key" -out "$tls/ca.crt" 2>/dev/null
+  openssl req -newkey rsa:2048 -nodes -subj /CN=localhost -keyout "$tls/s3.key" -out "$tls/s3.csr" 2>/dev/null
+  openssl x509 -req -in "$tls/s3.csr" -CA "$tls/ca.crt" -CAkey "$tls/ca.key" -CAcreateserial -days 1 \
+    -extfile <(echo "subjectAltName=DNS:localhost") -out "$tls/s3.crt" 2>/dev/null
+  cat "$tls/s3.crt" "$tls/s3.key" >"$tls/s3.pem"
+  moto=$(sed -n 's/^\(export \)\{0,1\}CAIRN_S3_ENDPOINT=//p' "$STATE/env" | tr -d "\"'")
+  [[ $moto == http://* ]] || die "no moto URL in $STATE/env"
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  # pgBackRest runs as postgres and reads the CA (public) from here.
+  chmod 755 "$(dirname "$STATE")" "$tls" && chmod 644 "$tls/ca.crt"
+  printf 'foreground = no\npid = %s\n[s3]\naccept = 127.0.0.1:%s\nconnect = %s\ncert = %s\n' \
+    "$tls/stunnel.pid" "$port" "${moto#http://}" "$tls/s3.pem" >"$tls/stunnel.conf"
+  stunnel4 "$tls/stunnel.conf"
+  CAIRN_CLUSTER_STATE=$STATE CAIRN_BENCH_S3=https://localhost:$port SSL_CERT_FILE=$tls/ca.crt \
+    CAIRN_BENCH_PGBACKREST=$(command -v pgbackrest) \
+    cargo bench --locked -p cairn-instance --bench backup -- "${2:-10}"
+  exit 0
+fi
 
 if [[ $bench == failover ]]; then
   images=$(hack/images.sh workspace)

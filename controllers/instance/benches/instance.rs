@@ -10,7 +10,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use support::{Fixture, Instance, Result, postgres_bindir};
+use support::{Fixture, Result, database_size, pgbench};
 
 #[tokio::main]
 async fn main() -> Result {
@@ -131,38 +131,6 @@ async fn main() -> Result {
         took.as_secs_f64()
     );
     fixture.passed()
-}
-
-async fn pgbench(fixture: &Fixture, instance: &Instance, args: &[&str]) -> Result<String> {
-    let output = tokio::process::Command::new(postgres_bindir().join("pgbench"))
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &instance.spec.port.to_string(),
-            "-U",
-            "postgres",
-        ])
-        .args(args)
-        .arg("postgres")
-        .env("PGPASSWORD", &fixture.credentials["superuser-password"])
-        .output()
-        .await?;
-    let text = String::from_utf8_lossy(&output.stdout).into_owned()
-        + &String::from_utf8_lossy(&output.stderr);
-    if !output.status.success() {
-        return Err(format!("pgbench {args:?}: {text}").into());
-    }
-    Ok(text)
-}
-
-async fn database_size(instance: &Instance) -> Result<i64> {
-    let row = instance
-        .sql()
-        .await?
-        .query_one("SELECT pg_database_size('postgres')", &[])
-        .await?;
-    Ok(row.get(0))
 }
 
 /// User plus system CPU time of a process, in clock ticks.

@@ -802,3 +802,37 @@ impl Drop for Tmpfs {
             .status();
     }
 }
+
+/// Runs pgbench against `instance` as the superuser (benchmarks).
+pub async fn pgbench(fixture: &Fixture, instance: &Instance, args: &[&str]) -> Result<String> {
+    let output = tokio::process::Command::new(postgres_bindir().join("pgbench"))
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &instance.spec.port.to_string(),
+            "-U",
+            "postgres",
+        ])
+        .args(args)
+        .arg("postgres")
+        .env("PGPASSWORD", &fixture.credentials["superuser-password"])
+        .output()
+        .await?;
+    let text = String::from_utf8_lossy(&output.stdout).into_owned()
+        + &String::from_utf8_lossy(&output.stderr);
+    if !output.status.success() {
+        return Err(format!("pgbench {args:?}: {text}").into());
+    }
+    Ok(text)
+}
+
+/// Bytes of database `postgres` (benchmarks).
+pub async fn database_size(instance: &Instance) -> Result<i64> {
+    let row = instance
+        .sql()
+        .await?
+        .query_one("SELECT pg_database_size('postgres')", &[])
+        .await?;
+    Ok(row.get(0))
+}
