@@ -34,18 +34,36 @@ async fn new_bucket() -> Result<String> {
     Ok(bucket)
 }
 
+/// `bucket` in moto, with moto's credentials.
+fn moto(bucket: &str) -> S3Settings {
+    S3Settings {
+        endpoint: Some(cluster_endpoint()),
+        bucket: bucket.to_owned(),
+        region: None,
+        prefix: String::new(),
+        access_key_id: "testing".into(),
+        secret_access_key: "testing".into(),
+    }
+}
+
 fn base_backups(bucket: &str) -> BaseBackups {
-    BaseBackups::new(
-        &S3Settings {
-            endpoint: Some(cluster().s3_endpoint().to_owned()),
-            bucket: bucket.to_owned(),
-            region: None,
-            prefix: String::new(),
-            access_key_id: "testing".into(),
-            secret_access_key: "testing".into(),
-        },
-        "orders",
+    BaseBackups::new(&moto(bucket), "orders")
+}
+
+/// Waits until `pod` reports `backup` Completed in its Lease; its report.
+async fn until_completed(
+    leases: &Api<Lease>,
+    pod: &str,
+    backup: &Backup,
+) -> Result<cairn_api::database::instance::BackupProgress> {
+    let observed = support::until_observed_within(
+        leases,
+        pod,
+        Duration::from_secs(120),
+        reports(backup, BackupProgressPhase::Completed),
     )
+    .await?;
+    Ok(observed.backup.ok_or("no report")?)
 }
 
 /// Sets a Backup's phase, as the backup controller does.
@@ -158,14 +176,7 @@ async fn a_standby_backs_up_on_request_and_the_backup_restores() -> Result {
     .await?;
 
     let backup = assign_backup(&ns, "nightly", "orders-1").await?;
-    let observed = support::until_observed_within(
-        &leases,
-        "orders-1",
-        Duration::from_secs(120),
-        reports(&backup, BackupProgressPhase::Completed),
-    )
-    .await?;
-    let progress = observed.backup.expect("reported");
+    let progress = until_completed(&leases, "orders-1", &backup).await?;
     println!("base backup from the standby: {progress:?}");
     assert_eq!(progress.timeline, Some(1));
     assert!(progress.begin_lsn.is_some() && progress.end_lsn.is_some());
@@ -251,19 +262,7 @@ async fn restores_to_a_point_in_time_and_to_the_end(
         .query_one("SELECT pg_walfile_name(pg_switch_wal())", &[])
         .await?
         .get(0);
-    let archive = |cluster: &str| {
-        cairn_storage::WalArchive::new(
-            &S3Settings {
-                endpoint: Some(cluster_endpoint()),
-                bucket: bucket.to_owned(),
-                region: None,
-                prefix: String::new(),
-                access_key_id: "testing".into(),
-                secret_access_key: "testing".into(),
-            },
-            cluster,
-        )
-    };
+    let archive = |cluster: &str| cairn_storage::WalArchive::new(&moto(bucket), cluster);
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while !archive("orders")
         .list()
@@ -373,27 +372,13 @@ async fn a_logical_backup_from_the_standby_loads_into_a_new_cluster_once() -> Re
     .await?;
 
     let backup = assign(&ns, "dump", "orders-1", "logical").await?;
-    let observed = support::until_observed_within(
-        &leases,
-        "orders-1",
-        Duration::from_secs(120),
-        reports(&backup, BackupProgressPhase::Completed),
-    )
-    .await?;
-    let progress = observed.backup.expect("reported");
+    let progress = until_completed(&leases, "orders-1", &backup).await?;
     println!("logical backup from the standby: {progress:?}");
     assert_eq!(
         progress.location.as_deref(),
         Some(format!("s3://{bucket}/orders/dumps/{}/", progress.id).as_str())
     );
-    let settings = S3Settings {
-        endpoint: Some(endpoint.clone()),
-        bucket: bucket.clone(),
-        region: None,
-        prefix: String::new(),
-        access_key_id: "testing".into(),
-        secret_access_key: "testing".into(),
-    };
+    let settings = moto(&bucket);
     assert_eq!(
         BaseBackups::dumps(&settings, "orders")
             .catalog()
