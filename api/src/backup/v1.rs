@@ -32,6 +32,11 @@ use crate::common::{Condition, LocalObjectReference, Time};
     printcolumn(name = "Method", type_ = "string", json_path = ".spec.method"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Size", type_ = "integer", json_path = ".status.sizeBytes"),
+    printcolumn(
+        name = "Verified",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Verified\")].status"
+    ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
@@ -56,6 +61,38 @@ pub struct BackupSpec {
     /// can change after creation.
     #[serde(default)]
     pub deletion_policy: BackupDeletionPolicy,
+    /// Restore the backup once it completes into a throw-away instance and
+    /// check it (`Verified` condition). Can be added later to verify an
+    /// older backup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verification: Option<Verification>,
+}
+
+/// Restore verification. When the backup has completed, the backup
+/// controller starts a pod of the cluster's image, with the cluster's
+/// configuration, on the cluster's nodes: it restores the backup into an
+/// empty folder (checking every file against the manifest), replays the
+/// WAL to the end of the backup, opens the copy, reads every database, runs
+/// `sql`, and reports. The pod has no Kubernetes credentials and archives
+/// nothing; it is deleted once its report is recorded.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Verification {
+    /// SQL run in the restored application database, in a read-only
+    /// transaction. It passes if it runs without error and its first row's
+    /// first column is not `false`, e.g.
+    /// `SELECT count(*) > 0 FROM orders`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 4096))]
+    pub sql: Option<String>,
+    /// Seconds the verification may take before it is marked failed.
+    /// Default 3600.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 60, max = 86400))]
+    pub deadline_seconds: Option<i64>,
+    /// Resources of the throw-away instance; the cluster's when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<k8s_openapi::api::core::v1::ResourceRequirements>,
 }
 
 /// How a backup is taken.
@@ -198,10 +235,39 @@ pub struct BackupStatus {
     /// Why the backup failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
-    /// `Ready` (the backup is complete and stored), with a reason.
+    /// The last restore verification (`spec.verification`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verification: Option<VerificationStatus>,
+    /// `Ready` (the backup is complete and stored) and, with
+    /// `spec.verification`, `Verified`, with a reason.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }
+
+/// How a restore verification went.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VerificationStatus {
+    /// The throw-away pod (deleted once done).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<Time>,
+    /// Where the restored copy's WAL replay stopped (physical backups).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored_lsn: Option<String>,
+    /// Seconds from the start of the restore to the end of the checks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_seconds: Option<f64>,
+    /// What was checked, or why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// Condition type of a restore verification's outcome.
+pub const VERIFIED: &str = "Verified";
 
 /// Backups of a DatabaseCluster on a cron schedule, with retention.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -254,6 +320,12 @@ pub struct BackupScheduleSpec {
     pub starting_deadline_seconds: Option<i64>,
     /// The Backup made at each slot.
     pub template: BackupTemplate,
+    /// With `template.spec.verification`, which Backups are verified: the
+    /// first, then each one created when none of the previous
+    /// `verifyEvery - 1` was. 1 (default) verifies each.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub verify_every: Option<i32>,
     /// Which completed Backups to keep; all if unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retention: Option<Retention>,

@@ -193,6 +193,35 @@ pub struct WalArchiveState {
     pub gap: Option<String>,
 }
 
+/// Set (`true`) on a throw-away instance that verifies a backup: it
+/// restores the backup named by the restore settings into an empty data
+/// folder, archives nothing, checks the copy, writes a
+/// [`VerificationReport`] to [`VERIFY_REPORT_ENV`]'s file (the pod's
+/// termination message by default) and exits.
+pub const VERIFY_ENV: &str = "CAIRN_VERIFY";
+/// SQL the verification runs in the application database.
+pub const VERIFY_SQL_ENV: &str = "CAIRN_VERIFY_SQL";
+/// Where the report goes.
+pub const VERIFY_REPORT_ENV: &str = "CAIRN_VERIFY_REPORT";
+pub const VERIFY_REPORT_PATH: &str = "/dev/termination-log";
+
+/// What a verifying instance found (JSON, under the 4 KiB a termination
+/// message may hold).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct VerificationReport {
+    pub verified: bool,
+    /// `Verified`, or why not: `RestoreFailed`, `CheckFailed`.
+    pub reason: String,
+    /// What was checked, or what failed.
+    pub message: String,
+    /// Where WAL replay stopped (physical backups).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored_lsn: Option<String>,
+    /// From the start of the restore to the end of the checks.
+    pub seconds: f64,
+}
+
 /// `X/Y` (hexadecimal halves) as a byte position.
 pub fn parse_lsn(text: &str) -> Option<u64> {
     let (high, low) = text.split_once('/')?;

@@ -3,5 +3,6 @@
 
 pub mod conversion;
 pub mod instance;
+pub mod pod;
 pub mod v1;
 pub mod v1alpha1;

@@ -4,19 +4,17 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use cairn_api::backup::v1::{ACCESS_KEY_ID, BackupMethod, S3Destination, SECRET_ACCESS_KEY};
-use cairn_api::database::instance;
+use cairn_api::backup::v1::{BackupMethod, S3Destination};
 use cairn_api::database::v1::{DEFAULT_FAILOVER_DELAY_SECONDS, DatabaseCluster, REPLICATION_USER};
+use cairn_api::database::{instance, pod};
 use cairn_runtime::labels;
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
-    HTTPGetAction, KeyToPath, ObjectFieldSelector, PersistentVolumeClaim,
-    PersistentVolumeClaimSpec, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
-    ResourceRequirements, SeccompProfile, Secret, SecretVolumeSource, SecurityContext, Service,
-    ServiceAccount, ServicePort, ServiceSpec, TopologySpreadConstraint, Volume, VolumeMount,
-    VolumeResourceRequirements,
+    ConfigMap, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector,
+    PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSpec, PodTemplateSpec, Probe,
+    ResourceRequirements, Secret, Service, ServiceAccount, ServicePort, ServiceSpec,
+    TopologySpreadConstraint, VolumeResourceRequirements,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
@@ -32,14 +30,11 @@ pub use cairn_api::database::instance::{ROLE_LABEL, ROLE_PRIMARY, ROLE_REPLICA};
 /// Pod-template annotation: a digest of the settings that need a restart, so
 /// changing one rolls the pods and changing any other does not.
 pub const RESTART_DIGEST_ANNOTATION: &str = "database.cairn.dev/restart-config-digest";
-/// Default image repository; the tag is `spec.postgres.version`.
-pub const DEFAULT_IMAGE_REPOSITORY: &str = "ghcr.io/cairn-dev/postgres";
+pub use cairn_api::database::pod::{DEFAULT_IMAGE_REPOSITORY, Names};
 
 pub const POSTGRES_PORT: i32 = instance::POSTGRES_PORT as i32;
 pub const INSTANCE_HTTP_PORT: i32 = instance::INSTANCE_HTTP_PORT as i32;
 pub const INSTANCE_METRICS_PORT: i32 = instance::INSTANCE_METRICS_PORT as i32;
-/// UID and GID of the postgres user in the official images.
-const POSTGRES_UID: i64 = 999;
 
 /// Settings Cairn manages (the schema rejects them in `spec.postgres.parameters`).
 fn managed_parameters() -> BTreeMap<&'static str, String> {
@@ -109,34 +104,6 @@ pub fn kept_instances(cluster: &DatabaseCluster) -> i32 {
         .spec
         .instances
         .max(i32::try_from(primary).unwrap_or(0).saturating_add(1))
-}
-
-/// The names of a cluster's children.
-pub struct Names {
-    pub cluster: String,
-    pub config: String,
-    pub credentials: String,
-    pub read_write: String,
-    pub read_only: String,
-    /// Secret (with the key) and ConfigMap (without) of the cluster's CA.
-    pub ca: String,
-    /// Secret of the server certificate every instance serves.
-    pub server_tls: String,
-}
-
-impl Names {
-    pub fn of(cluster: &DatabaseCluster) -> Self {
-        let name = cluster.name_any();
-        Self {
-            config: format!("{name}-config"),
-            credentials: format!("{name}-credentials"),
-            read_write: format!("{name}-rw"),
-            read_only: format!("{name}-ro"),
-            ca: format!("{name}-ca"),
-            server_tls: format!("{name}-server"),
-            cluster: name,
-        }
-    }
 }
 
 /// Labels selecting every instance pod of the cluster.
@@ -449,19 +416,9 @@ pub fn stateful_set(
         automount_service_account_token: Some(true),
         enable_service_links: Some(false),
         termination_grace_period_seconds: Some(60),
-        security_context: Some(PodSecurityContext {
-            run_as_non_root: Some(true),
-            run_as_user: Some(POSTGRES_UID),
-            run_as_group: Some(POSTGRES_UID),
-            fs_group: Some(POSTGRES_UID),
-            seccomp_profile: Some(SeccompProfile {
-                type_: "RuntimeDefault".to_owned(),
-                ..SeccompProfile::default()
-            }),
-            ..PodSecurityContext::default()
-        }),
+        security_context: Some(pod::pod_security_context()),
         containers: vec![instance_container(cluster)],
-        volumes: Some(volumes(cluster, &names)),
+        volumes: Some(pod::volumes(cluster, archive_destination(cluster))),
         node_selector: (!scheduling.node_selector.is_empty()).then_some(scheduling.node_selector),
         affinity: scheduling.affinity,
         tolerations: (!scheduling.tolerations.is_empty()).then_some(scheduling.tolerations),
@@ -565,11 +522,6 @@ pub fn fence_seconds(cluster: &DatabaseCluster) -> i32 {
 }
 
 fn instance_container(cluster: &DatabaseCluster) -> Container {
-    let postgres = &cluster.spec.postgres;
-    let image = postgres
-        .image
-        .clone()
-        .unwrap_or_else(|| format!("{DEFAULT_IMAGE_REPOSITORY}:{}", postgres.version));
     let field = |path: &str| EnvVarSource {
         field_ref: Some(ObjectFieldSelector {
             field_path: path.to_owned(),
@@ -592,17 +544,9 @@ fn instance_container(cluster: &DatabaseCluster) -> Container {
         container_port: port,
         ..ContainerPort::default()
     };
-    let mount = |name: &str, path: &str, read_only: bool| VolumeMount {
-        name: name.to_owned(),
-        mount_path: path.to_owned(),
-        // The API server drops `readOnly: false`; sending it would look
-        // like a change on every reconcile.
-        read_only: read_only.then_some(true),
-        ..VolumeMount::default()
-    };
     Container {
         name: "postgres".to_owned(),
-        image: Some(image),
+        image: Some(pod::image(cluster)),
         command: Some(vec!["cairn-instance".to_owned()]),
         env: Some(
             vec![
@@ -645,37 +589,11 @@ fn instance_container(cluster: &DatabaseCluster) -> Container {
         readiness_probe: Some(probe("/readyz")),
         liveness_probe: Some(probe("/livez")),
         resources: cluster.spec.resources.as_ref().map(canonical_resources),
-        security_context: Some(SecurityContext {
-            allow_privilege_escalation: Some(false),
-            read_only_root_filesystem: Some(true),
-            capabilities: Some(k8s_openapi::api::core::v1::Capabilities {
-                drop: Some(vec!["ALL".to_owned()]),
-                ..Default::default()
-            }),
-            ..SecurityContext::default()
-        }),
-        volume_mounts: Some(
-            vec![
-                mount("data", instance::DATA_MOUNT, false),
-                mount("config", instance::CONFIG_DIR, true),
-                mount("credentials", instance::CREDENTIALS_DIR, true),
-                mount("tls", instance::TLS_DIR, true),
-                mount("run", instance::RUN_DIR, false),
-                mount("tmp", "/tmp", false),
-            ]
-            .into_iter()
-            .chain(
-                archive_destination(cluster)
-                    .map(|_| mount(BACKUP_CREDENTIALS, instance::BACKUP_CREDENTIALS_DIR, true)),
-            )
-            .collect(),
-        ),
+        security_context: Some(pod::container_security_context()),
+        volume_mounts: Some(pod::mounts(archive_destination(cluster).is_some())),
         ..Container::default()
     }
 }
-
-/// The volume of the backup destination's credentials.
-const BACKUP_CREDENTIALS: &str = "backup-credentials";
 
 /// The bucket the instances archive WAL to: an explicit S3 destination.
 /// (An ObjectBucket reference is refused in the status until supported.)
@@ -699,22 +617,12 @@ fn archive_env(cluster: &DatabaseCluster) -> Vec<EnvVar> {
         .and_then(cairn_api::validate::parse_quantity)
         // parse_quantity counts in nano-units.
         .map(|nanos| (nanos / 1_000_000_000).to_string());
-    [
-        ("CAIRN_BACKUP_BUCKET", Some(&s3.bucket)),
-        ("CAIRN_BACKUP_ENDPOINT", s3.endpoint.as_ref()),
-        ("CAIRN_BACKUP_REGION", s3.region.as_ref()),
-        ("CAIRN_BACKUP_PREFIX", s3.prefix.as_ref()),
-        ("CAIRN_WAL_ARCHIVE_MAX_PENDING_BYTES", max_pending.as_ref()),
-    ]
-    .into_iter()
-    .filter_map(|(name, value)| {
-        Some(EnvVar {
-            name: name.to_owned(),
-            value: Some(value?.clone()),
-            ..EnvVar::default()
-        })
-    })
-    .collect()
+    let mut env = pod::destination_env(s3);
+    env.extend(pod::env([(
+        "CAIRN_WAL_ARCHIVE_MAX_PENDING_BYTES",
+        max_pending,
+    )]));
+    env
 }
 
 /// What the first primary of a cluster bootstrapped from a backup restores:
@@ -741,7 +649,7 @@ fn restore_env(cluster: &DatabaseCluster) -> Vec<EnvVar> {
         .and_then(|t| t.end_of_backup)
         .filter(|end| *end)
         .map(|_| "true".to_owned());
-    [
+    pod::env([
         ("CAIRN_RESTORE_CLUSTER", Some(source.cluster.clone())),
         ("CAIRN_RESTORE_BACKUP_ID", source.backup_id.clone()),
         ("CAIRN_RESTORE_TARGET_TIME", time),
@@ -758,77 +666,7 @@ fn restore_env(cluster: &DatabaseCluster) -> Vec<EnvVar> {
             "CAIRN_RESTORE_LOGICAL",
             (source.method == Some(BackupMethod::Logical)).then(|| "true".to_owned()),
         ),
-    ]
-    .into_iter()
-    .filter_map(|(name, value)| {
-        Some(EnvVar {
-            name: name.to_owned(),
-            value: Some(value?),
-            ..EnvVar::default()
-        })
-    })
-    .collect()
-}
-
-fn volumes(cluster: &DatabaseCluster, names: &Names) -> Vec<Volume> {
-    let empty = |name: &str| Volume {
-        name: name.to_owned(),
-        empty_dir: Some(Default::default()),
-        ..Volume::default()
-    };
-    vec![
-        Volume {
-            name: "config".to_owned(),
-            config_map: Some(ConfigMapVolumeSource {
-                name: names.config.clone(),
-                ..ConfigMapVolumeSource::default()
-            }),
-            ..Volume::default()
-        },
-        Volume {
-            name: "credentials".to_owned(),
-            secret: Some(SecretVolumeSource {
-                secret_name: Some(names.credentials.clone()),
-                default_mode: Some(0o400),
-                ..SecretVolumeSource::default()
-            }),
-            ..Volume::default()
-        },
-        Volume {
-            name: "tls".to_owned(),
-            secret: Some(SecretVolumeSource {
-                secret_name: Some(names.server_tls.clone()),
-                default_mode: Some(0o400),
-                ..SecretVolumeSource::default()
-            }),
-            ..Volume::default()
-        },
-        empty("run"),
-        empty("tmp"),
-    ]
-    .into_iter()
-    .chain(archive_destination(cluster).map(|s3| {
-        Volume {
-            name: BACKUP_CREDENTIALS.to_owned(),
-            secret: Some(SecretVolumeSource {
-                secret_name: Some(s3.credentials_secret.name.clone()),
-                default_mode: Some(0o400),
-                items: Some(
-                    [ACCESS_KEY_ID, SECRET_ACCESS_KEY]
-                        .into_iter()
-                        .map(|key| KeyToPath {
-                            key: key.to_owned(),
-                            path: key.to_owned(),
-                            mode: None,
-                        })
-                        .collect(),
-                ),
-                ..SecretVolumeSource::default()
-            }),
-            ..Volume::default()
-        }
-    }))
-    .collect()
+    ])
 }
 
 /// A quantity as the API server stores it ("0.5" → "500m"), so a converged
@@ -858,6 +696,8 @@ fn canonical_resources(resources: &ResourceRequirements) -> ResourceRequirements
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cairn_api::backup::v1::{ACCESS_KEY_ID, SECRET_ACCESS_KEY};
+    use cairn_api::database::pod::BACKUP_CREDENTIALS;
 
     #[test]
     fn the_settings_the_builder_writes_are_the_ones_the_schema_refuses() {

@@ -35,6 +35,9 @@ pub enum ArchiveError {
     /// summary, free of the object's key.
     #[error("{0}")]
     Storage(String),
+    /// This instance archives nothing (it verifies a backup).
+    #[error("this instance does not archive")]
+    Off,
     /// The guard would drop the file, but the gap could not be recorded.
     #[error("cannot record the archive gap, so {file} is kept: {reason}")]
     GapNotRecorded { file: String, reason: String },
@@ -70,7 +73,9 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 const BACKLOG_INTERVAL: Duration = Duration::from_secs(5);
 
 pub struct Archiver {
-    archive: WalArchive,
+    /// This cluster's archive; none on an instance that verifies a backup,
+    /// which must never write to the bucket.
+    archive: Option<WalArchive>,
     /// `pg_wal` of the data folder.
     wal_dir: PathBuf,
     parallel: usize,
@@ -94,6 +99,16 @@ impl Archiver {
         max_pending_bytes: Option<u64>,
         state: Arc<State>,
     ) -> Self {
+        Self::build(Some(archive), data_dir, parallel, max_pending_bytes, state)
+    }
+
+    fn build(
+        archive: Option<WalArchive>,
+        data_dir: &Path,
+        parallel: usize,
+        max_pending_bytes: Option<u64>,
+        state: Arc<State>,
+    ) -> Self {
         Self {
             archive,
             wal_dir: data_dir.join("pg_wal"),
@@ -111,6 +126,12 @@ impl Archiver {
         }
     }
 
+    /// Answers `restore_command` only, from `fetcher`: every request to
+    /// archive is refused.
+    pub fn restore_only(fetcher: WalFetcher, data_dir: &Path, state: Arc<State>) -> Self {
+        Self::build(None, data_dir, 1, None, state).restoring_with(fetcher)
+    }
+
     /// Also answers `restore_command`, from `fetcher`.
     pub fn restoring_with(mut self, fetcher: WalFetcher) -> Self {
         self.restore = Some(Arc::new(fetcher));
@@ -125,7 +146,10 @@ impl Archiver {
             UnixListener::bind(&socket).context(|| format!("binding {}", socket.display()))?;
         std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
             .context(|| format!("restricting {}", socket.display()))?;
-        tracing::info!(destination = %self.archive.location(), "archiving WAL");
+        match &self.archive {
+            Some(archive) => tracing::info!(destination = %archive.location(), "archiving WAL"),
+            None => tracing::info!("restoring WAL only: archiving is off"),
+        }
         let gap = std::fs::read_to_string(&self.gap_file)
             .ok()
             .map(|first| first.trim().to_owned());
@@ -208,6 +232,9 @@ impl Archiver {
 
     /// Stores `name`, and starts uploading the files ready after it.
     pub async fn archive(&self, name: WalName) -> Result<(), ArchiveError> {
+        let Some(archive) = &self.archive else {
+            return Err(ArchiveError::Off);
+        };
         let ready = self.ready_files();
         self.pending(ready.len());
         // Only segments: history files and labels are small, and recovery
@@ -229,9 +256,9 @@ impl Archiver {
             let upload = match uploads.get(name.as_str()) {
                 // A failed upload ahead of the request is tried again now.
                 Some(upload) if !matches!(upload.peek(), Some(Err(_))) => upload.clone(),
-                _ => self.start(&mut uploads, name.clone()),
+                _ => self.start(archive, &mut uploads, name.clone()),
             };
-            self.look_ahead(&mut uploads, ready);
+            self.look_ahead(archive, &mut uploads, ready);
             upload
         };
         let outcome = upload.await;
@@ -251,8 +278,13 @@ impl Archiver {
         outcome
     }
 
-    fn start(&self, uploads: &mut HashMap<String, Upload>, name: WalName) -> Upload {
-        let archive = self.archive.clone();
+    fn start(
+        &self,
+        archive: &WalArchive,
+        uploads: &mut HashMap<String, Upload>,
+        name: WalName,
+    ) -> Upload {
+        let archive = archive.clone();
         let path = self.wal_dir.join(name.as_str());
         let state = self.state.clone();
         let key = name.to_string();
@@ -287,7 +319,12 @@ impl Archiver {
     }
 
     /// Starts uploads of the oldest ready files, up to `parallel` in all.
-    fn look_ahead(&self, uploads: &mut HashMap<String, Upload>, ready: Vec<WalName>) {
+    fn look_ahead(
+        &self,
+        archive: &WalArchive,
+        uploads: &mut HashMap<String, Upload>,
+        ready: Vec<WalName>,
+    ) {
         // Failed ones hold no slot: they are tried again when asked for.
         uploads.retain(|_, upload| !matches!(upload.peek(), Some(Err(_))));
         for name in ready {
@@ -296,7 +333,7 @@ impl Archiver {
             }
             if !uploads.contains_key(name.as_str()) {
                 // Spawned: it runs without a waiter.
-                drop(self.start(uploads, name));
+                drop(self.start(archive, uploads, name));
             }
         }
     }

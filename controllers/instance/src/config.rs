@@ -138,6 +138,14 @@ pub struct Config {
     /// database before it is ever ready.
     #[arg(long, env = "CAIRN_RESTORE_LOGICAL", default_value_t = false, action = clap::ArgAction::Set)]
     pub restore_logical: bool,
+    /// Verify the backup given by the restore settings, report and exit
+    /// (see `verify.rs`).
+    #[arg(long, env = contract::VERIFY_ENV, default_value_t = false, action = clap::ArgAction::Set)]
+    pub verify: bool,
+    #[arg(long, env = contract::VERIFY_SQL_ENV)]
+    pub verify_sql: Option<String>,
+    #[arg(long, env = contract::VERIFY_REPORT_ENV, default_value = contract::VERIFY_REPORT_PATH)]
+    pub verify_report: PathBuf,
     #[arg(long, env = "CAIRN_LOG_FORMAT", value_enum, default_value = "json")]
     pub log_format: LogFormat,
     #[arg(long, env = "CAIRN_LOG_LEVEL", default_value = "info")]

@@ -20,3 +20,4 @@ pub mod server;
 pub mod state;
 pub mod supervisor;
 pub mod tls;
+pub mod verify;

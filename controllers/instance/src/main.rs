@@ -14,6 +14,7 @@ use cairn_instance::restore::{self, WalFetcher};
 use cairn_instance::server;
 use cairn_instance::state::State;
 use cairn_instance::supervisor::Supervisor;
+use cairn_instance::verify;
 use clap::Parser;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
@@ -154,6 +155,26 @@ async fn run(config: Config) -> Result<(), StartError> {
         }
     };
     tracing::info!(version = env!("CARGO_PKG_VERSION"), %http, metrics = %metrics_address, "cairn-instance starting");
+    let (verified, verification) = watch::channel(None);
+    let verifying = config.verify.then(|| {
+        let (config, state) = (config.clone(), state.clone());
+        let started = std::time::Instant::now();
+        tokio::spawn(async move {
+            let report = verify::verify(&config, &state, started).await;
+            tracing::info!(verified = report.verified, reason = %report.reason, message = %report.message, "verification done");
+            if let Err(message) = verify::write_report(&config.verify_report, &report) {
+                tracing::error!(%message, "cannot write the verification report");
+            }
+            let _ = verified.send(Some(report.verified));
+        })
+    });
+    let shutdown = async {
+        let mut verification = verification.clone();
+        tokio::select! {
+            () = shutdown => {}
+            _ = verification.wait_for(Option::is_some), if verifying.is_some() => {}
+        }
+    };
     let supervisor = Supervisor::new(config, children, state, assigned, heartbeat);
     tokio::select! {
         served = listeners => return served.map(|_| ()).map_err(Into::into),
@@ -164,7 +185,10 @@ async fn run(config: Config) -> Result<(), StartError> {
     if let Some(renewer) = renewer {
         let _ = tokio::time::timeout(Duration::from_secs(5), renewer).await;
     }
-    Ok(())
+    match *verification.borrow() {
+        Some(false) => Err("the backup did not verify".into()),
+        _ => Ok(()),
+    }
 }
 
 /// The WAL archiver, when the cluster has a backup destination; it also
@@ -177,6 +201,21 @@ fn wal_archiver(config: &Config, state: &Arc<State>) -> Result<Option<Arc<Archiv
     else {
         return Ok(None);
     };
+    if config.verify {
+        let (source, _) = config
+            .restore_source()
+            .ok_or("verifying needs the backup's cluster (CAIRN_RESTORE_CLUSTER)")?;
+        let fetcher = WalFetcher::new(
+            cairn_storage::WalArchive::new(&settings, source),
+            &config.data_dir,
+            config.wal_archive_parallel,
+        );
+        return Ok(Some(Arc::new(Archiver::restore_only(
+            fetcher,
+            &config.data_dir,
+            state.clone(),
+        ))));
+    }
     let cluster = config
         .cluster
         .as_deref()
@@ -213,6 +252,14 @@ async fn start_membership(
     assignment: watch::Sender<Assignment>,
     done: watch::Receiver<bool>,
 ) -> Result<(Arc<Heartbeat>, Option<tokio::task::JoinHandle<()>>), StartError> {
+    if config.verify {
+        tracing::info!("verifying a backup: restoring it as a primary, no membership");
+        let _ = assignment.send(Assignment {
+            role: Some(cairn_instance::observe::Role::Primary),
+            bootstrap: Some(membership::Bootstrap::Restore),
+        });
+        return Ok((Heartbeat::none(), None));
+    }
     let in_pod = match (&config.pod_name, &config.pod_namespace) {
         (Some(name), Some(namespace)) if config.membership => {
             Some((name.clone(), namespace.clone()))

@@ -13,7 +13,9 @@ mod support;
 use std::time::Duration;
 
 use cairn_api::backup::v1::Backup;
-use cairn_api::database::instance::{BackupProgressPhase, ObservedState};
+use cairn_api::database::instance::{
+    BackupProgressPhase, ObservedState, VerificationReport, parse_lsn,
+};
 use cairn_storage::{BackupId, BaseBackups, S3Settings};
 use cairn_testing::faults::{Fault, FaultProxy, Rule};
 use cairn_testing::{TestNamespace, cluster, s3};
@@ -205,6 +207,7 @@ async fn a_standby_backs_up_on_request_and_the_backup_restores() -> Result {
     set_phase(&ns, "nightly", "Completed").await?;
     restores_to_a_point_in_time_and_to_the_end(&fixture, &primary, &app, &bucket, &progress.id)
         .await?;
+    verifies_it_and_not_once_damaged(&fixture, &bucket, &catalog[0]).await?;
 
     // The bucket fails midway (every part upload, after the upload began): the
     // backup is reported failed with the reason, and nothing is complete
@@ -233,6 +236,100 @@ async fn a_standby_backs_up_on_request_and_the_backup_restores() -> Result {
     assert_eq!(base_backups(&bucket).catalog().await?.len(), 1);
     drop((standby, primary));
     fixture.passed()
+}
+
+/// A throw-away instance verifies backup `manifest`: restored, replayed to
+/// the end of the backup, every table read, the user's check passing; a
+/// check that returns false, and the backup's data file altered in the
+/// bucket, are reported not verified with the reason.
+async fn verifies_it_and_not_once_damaged(
+    fixture: &Fixture,
+    bucket: &str,
+    manifest: &cairn_storage::Manifest,
+) -> Result {
+    let good = "SELECT count(*) >= 50000 FROM orders";
+    let (exit, report) = verification(fixture, bucket, &manifest.id, "verify", good, false).await?;
+    println!("verified: {report:?}");
+    assert!(exit.success() && report.verified, "{report:?}");
+    assert_eq!(report.reason, "Verified");
+    assert!(
+        report.message.contains("the check returned t"),
+        "{report:?}"
+    );
+    let replayed = report.restored_lsn.as_deref().and_then(parse_lsn);
+    assert!(
+        replayed >= parse_lsn(&manifest.end_lsn),
+        "replayed to {report:?}, the backup ends at {}",
+        manifest.end_lsn
+    );
+
+    let bad = "SELECT count(*) > 1000000 FROM orders";
+    let (exit, report) = verification(fixture, bucket, &manifest.id, "verify2", bad, false).await?;
+    println!("a check that fails: {report:?}");
+    assert!(!exit.success() && !report.verified, "{report:?}");
+    assert_eq!(report.reason, "CheckFailed");
+    assert!(report.message.contains("returned false"), "{report:?}");
+
+    // One byte of the stored data file changed: the restore refuses it.
+    let file = &manifest.files[0];
+    let key = format!("orders/base/{}/{}", manifest.id, file.name);
+    let client = s3::client(&cluster_endpoint());
+    let original = client.get_object().bucket(bucket).key(&key).send().await?;
+    let original = original.body.collect().await?.into_bytes().to_vec();
+    let mut altered = zstd::decode_all(&original[..])?;
+    let middle = altered.len() / 2;
+    altered[middle] ^= 0xff;
+    let put = |body: Vec<u8>| {
+        client
+            .put_object()
+            .bucket(bucket)
+            .key(&key)
+            .body(body.into())
+            .send()
+    };
+    put(zstd::encode_all(&altered[..], 3)?).await?;
+    let (exit, report) =
+        verification(fixture, bucket, &manifest.id, "verify3", good, false).await?;
+    put(original).await?;
+    println!("a damaged backup: {report:?}");
+    assert!(!exit.success() && !report.verified, "{report:?}");
+    assert_eq!(report.reason, "RestoreFailed");
+    assert!(
+        report.message.contains("differs from the manifest"),
+        "{report:?}"
+    );
+    Ok(())
+}
+
+/// Runs a verifying instance `name` on backup `id` of `orders` with the
+/// check `sql`: its exit and its report.
+async fn verification(
+    fixture: &Fixture,
+    bucket: &str,
+    id: &str,
+    name: &str,
+    sql: &str,
+    logical: bool,
+) -> Result<(std::process::ExitStatus, VerificationReport)> {
+    let spec = fixture.instance(&format!("{name}-0"), "primary")?;
+    let report = spec.dir.join("report.json");
+    let spec = fixture
+        .archiving_to(spec, &cluster_endpoint(), bucket)?
+        .env("CAIRN_VERIFY", "true")
+        .env("CAIRN_VERIFY_SQL", sql)
+        .env("CAIRN_VERIFY_REPORT", &report.display().to_string())
+        .env("CAIRN_RESTORE_CLUSTER", "orders")
+        .env("CAIRN_RESTORE_BACKUP_ID", id)
+        .env("CAIRN_RESTORE_TARGET_END_OF_BACKUP", "true")
+        .env(
+            "CAIRN_RESTORE_LOGICAL",
+            if logical { "true" } else { "false" },
+        );
+    let mut instance = fixture.start(&spec)?;
+    let exit = instance.wait_exit(Duration::from_secs(180)).await?;
+    let text = std::fs::read_to_string(&report)
+        .map_err(|e| format!("no report ({e}); log:\n{}", instance.log_text()))?;
+    Ok((exit, serde_json::from_str(&text)?))
 }
 
 /// New clusters `copy` and `copy2` restored from backup `id` of `orders`
@@ -435,6 +532,11 @@ async fn a_logical_backup_from_the_standby_loads_into_a_new_cluster_once() -> Re
     again.wait_ready(Duration::from_secs(60)).await?;
     assert_eq!(count(again.app().await?).await?.0, 20000, "loaded once");
     drop(again);
+    let check = "SELECT count(*) = 20000 FROM orders";
+    let (exit, report) =
+        verification(&fixture, &bucket, &progress.id, "verify", check, true).await?;
+    println!("the dump verified: {report:?}");
+    assert!(exit.success() && report.verified, "{report:?}");
 
     // The dump altered in the bucket: refused, and the new cluster never
     // reports ready with an empty database.
@@ -462,7 +564,13 @@ async fn a_logical_backup_from_the_standby_loads_into_a_new_cluster_once() -> Re
         support::last_error(&status)
     );
     assert_eq!(status["ready"], false, "{status}");
-    drop((damaged, standby, primary));
+    drop(damaged);
+    let (exit, report) =
+        verification(&fixture, &bucket, &progress.id, "verify2", check, true).await?;
+    println!("the damaged dump: {report:?}");
+    assert!(!exit.success() && !report.verified, "{report:?}");
+    assert_eq!(report.reason, "RestoreFailed");
+    drop((standby, primary));
     fixture.passed()
 }
 

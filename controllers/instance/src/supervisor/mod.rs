@@ -315,7 +315,7 @@ impl Supervisor {
     /// `archive_command` when the cluster has a backup destination: this
     /// program as a client of the archiver in this process.
     fn archive_command(&self) -> Result<Option<String>, Error> {
-        if self.config.backup_bucket.is_none() {
+        if self.config.backup_bucket.is_none() || self.config.verify {
             return Ok(None);
         }
         let program = std::env::current_exe()
@@ -589,6 +589,7 @@ impl Supervisor {
                     dump_loaded = self.load_dump().await;
                     if !dump_loaded {
                         load_failures += 1;
+                        self.state.update(|s| s.dump_load_failures = load_failures);
                         next_load = Instant::now() + Backoff::default().ceiling(load_failures);
                     }
                 }

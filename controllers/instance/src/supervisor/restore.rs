@@ -30,7 +30,10 @@ impl Supervisor {
                     "a restore reads the bucket of CAIRN_BACKUP_BUCKET, which is unset".to_owned(),
                 )
             })?;
-        self.refuse_unless_own_folder_is_empty(&settings).await?;
+        // A verifying instance has no folder of its own: it archives nothing.
+        if !self.config.verify {
+            self.refuse_unless_own_folder_is_empty(&settings).await?;
+        }
         let backups = BaseBackups::new(&settings, source);
         let manifest = match id {
             Some(id) => {

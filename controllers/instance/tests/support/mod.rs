@@ -728,6 +728,11 @@ impl Instance {
         Ok(tokio::time::timeout(timeout, self.child.wait()).await??)
     }
 
+    /// Waits for the process to exit by itself.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
+        Ok(tokio::time::timeout(timeout, self.child.wait()).await??)
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }

@@ -1,0 +1,224 @@
+//! A throw-away instance that verifies a backup (`CAIRN_VERIFY`). The
+//! supervisor restores and opens the copy as it would a new cluster's first
+//! primary (each file checked against the manifest, WAL replayed to the end
+//! of the backup); this waits for it to serve, then reads it: every table
+//! of every database, and the user's SQL in the application database, in a
+//! read-only transaction. The report goes to a file (the pod's termination
+//! message), the only thing this instance writes outside its data folder.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cairn_api::database::instance::{self as contract, VerificationReport};
+use tokio_postgres::SimpleQueryMessage;
+
+use crate::config::Config;
+use crate::observe::Role;
+use crate::state::{Phase, State};
+
+/// Failed attempts of the supervisor (restore, start) before the backup is
+/// reported unrestorable: a transient fault is retried, a damaged backup
+/// fails every time.
+const ATTEMPTS: u32 = 3;
+/// A termination message holds at most 4096 bytes.
+const MESSAGE_LIMIT: usize = 3000;
+
+pub const VERIFIED: &str = "Verified";
+pub const RESTORE_FAILED: &str = "RestoreFailed";
+pub const CHECK_FAILED: &str = "CheckFailed";
+
+/// Waits for the restored server, checks it, and says what it found.
+pub async fn verify(config: &Config, state: &Arc<State>, started: Instant) -> VerificationReport {
+    let report =
+        |verified: bool, reason: &str, message: String, lsn: Option<String>| VerificationReport {
+            verified,
+            reason: reason.to_owned(),
+            message: shorten(message),
+            restored_lsn: lsn,
+            seconds: started.elapsed().as_secs_f64(),
+        };
+    if let Err(message) = serving(state, config.poll()).await {
+        return report(false, RESTORE_FAILED, message, None);
+    }
+    match check(config).await {
+        Ok((message, lsn)) => report(true, VERIFIED, message, lsn),
+        Err(message) => report(false, CHECK_FAILED, message, None),
+    }
+}
+
+/// Until the copy serves as a primary, or the supervisor failed
+/// [`ATTEMPTS`] times to restore and start it, or to load a dump (the last
+/// error).
+async fn serving(state: &State, poll: Duration) -> Result<(), String> {
+    let mut failures = 0;
+    let mut retrying = false;
+    loop {
+        let status = state.status();
+        if status.ready && status.role == Some(Role::Primary) {
+            return Ok(());
+        }
+        let now_retrying = status.phase == Phase::Retrying;
+        if now_retrying && !retrying {
+            failures += 1;
+        }
+        if failures >= ATTEMPTS || status.dump_load_failures >= ATTEMPTS {
+            return Err(status
+                .last_error
+                .unwrap_or_else(|| "the restored server did not start".to_owned()));
+        }
+        retrying = now_retrying;
+        tokio::time::sleep(poll.min(Duration::from_millis(250))).await;
+    }
+}
+
+/// Reads every table of every database and runs the user's check: what
+/// was read, and where replay stopped.
+async fn check(config: &Config) -> Result<(String, Option<String>), String> {
+    let postgres = connect(config, "postgres").await?;
+    let lsn = postgres
+        .query_one("SELECT pg_last_wal_replay_lsn()::text", &[])
+        .await
+        .map_err(|e| format!("reading the replay position: {e}"))?
+        .get::<_, Option<String>>(0);
+    let databases: Vec<String> = postgres
+        .query(
+            "SELECT datname FROM pg_database WHERE datallowconn ORDER BY datname",
+            &[],
+        )
+        .await
+        .map_err(|e| format!("listing databases: {e}"))?
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let (mut tables, mut rows) = (0, 0);
+    for database in &databases {
+        let client = connect(config, database).await?;
+        let (t, r) = read_every_table(&client)
+            .await
+            .map_err(|e| format!("database {database}: {e}"))?;
+        (tables, rows) = (tables + t, rows + r);
+    }
+    let mut message = format!(
+        "read {tables} tables ({rows} rows) in {} databases",
+        databases.len()
+    );
+    if let Some(sql) = &config.verify_sql {
+        let application = config
+            .credential(contract::DATABASE_KEY)
+            .map_err(|e| format!("credentials ({}): {e}", contract::DATABASE_KEY))?;
+        let client = connect(config, &application).await?;
+        let answer = run_check(&client, sql).await?;
+        message.push_str(&format!("; the check returned {answer}"));
+    }
+    Ok((message, lsn))
+}
+
+/// Every table read through (a sequential scan touches every page, so a
+/// page the server cannot read fails here): how many, and their rows.
+async fn read_every_table(client: &tokio_postgres::Client) -> Result<(u64, u64), String> {
+    let tables = client
+        .query(
+            "SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c \
+             JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE c.relkind IN ('r', 'm') AND c.relpersistence = 'p' \
+             AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
+             AND n.nspname NOT LIKE 'pg_toast%' ORDER BY 1",
+            &[],
+        )
+        .await
+        .map_err(|e| format!("listing tables: {e}"))?;
+    let mut rows = 0;
+    for table in &tables {
+        let name: String = table.get(0);
+        let count: i64 = client
+            .query_one(&format!("SELECT count(*) FROM ONLY {name}"), &[])
+            .await
+            .map_err(|e| format!("reading {name}: {e}"))?
+            .get(0);
+        rows += u64::try_from(count).unwrap_or(0);
+    }
+    Ok((tables.len() as u64, rows))
+}
+
+/// The user's SQL in a read-only transaction: its first row's first value,
+/// which must not be `false`.
+async fn run_check(client: &tokio_postgres::Client, sql: &str) -> Result<String, String> {
+    client
+        .batch_execute("BEGIN READ ONLY")
+        .await
+        .map_err(|e| format!("starting the check: {e}"))?;
+    let answer = client.simple_query(sql).await;
+    let _ = client.batch_execute("ROLLBACK").await;
+    let messages = answer.map_err(|e| format!("the check failed: {e}"))?;
+    let first = messages.iter().find_map(|message| match message {
+        SimpleQueryMessage::Row(row) => Some(row.get(0).map(str::to_owned)),
+        _ => None,
+    });
+    match first {
+        Some(Some(value)) if value == "f" => Err("the check returned false".to_owned()),
+        Some(Some(value)) => Ok(value),
+        Some(None) => Ok("NULL".to_owned()),
+        None => Ok("no rows".to_owned()),
+    }
+}
+
+async fn connect(config: &Config, database: &str) -> Result<tokio_postgres::Client, String> {
+    let password = config
+        .credential(contract::SUPERUSER_PASSWORD_KEY)
+        .map_err(|e| format!("credentials: {e}"))?;
+    let mut settings = tokio_postgres::Config::new();
+    settings
+        .host("127.0.0.1")
+        .port(config.port)
+        .user("postgres")
+        .password(password)
+        .dbname(database)
+        .application_name("cairn-verify")
+        .connect_timeout(Duration::from_secs(10));
+    let (client, connection) = settings
+        .connect(tokio_postgres::NoTls)
+        .await
+        .map_err(|e| format!("connecting to database {database}: {e}"))?;
+    tokio::spawn(connection);
+    Ok(client)
+}
+
+/// Writes the report where the backup controller reads it.
+pub fn write_report(path: &Path, report: &VerificationReport) -> Result<(), String> {
+    let text = serde_json::to_string(report).map_err(|e| e.to_string())?;
+    std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// At most [`MESSAGE_LIMIT`] bytes, cut at a character boundary.
+fn shorten(mut message: String) -> String {
+    if message.len() > MESSAGE_LIMIT {
+        let mut end = MESSAGE_LIMIT;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+        message.push('…');
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_message_fits_a_termination_message() {
+        let long = "é".repeat(4000);
+        let short = shorten(long);
+        assert!(short.len() <= MESSAGE_LIMIT + '…'.len_utf8());
+        let report = VerificationReport {
+            message: short,
+            restored_lsn: Some("FFFFFFFF/FFFFFFFF".into()),
+            reason: RESTORE_FAILED.into(),
+            ..VerificationReport::default()
+        };
+        let json = serde_json::to_string(&report).expect("a report serializes");
+        assert!(json.len() < 4096);
+    }
+}
