@@ -43,13 +43,15 @@ const GRANTED: Rules = &[
     ("backup.cairn.dev", "backupschedules/status", &["patch"]),
     ("database.cairn.dev", "databaseclusters", &["list", "watch"]),
     ("coordination.k8s.io", "leases", &["list", "watch"]),
-    ("", "pods", &["list", "watch"]),
+    // Verification pods: created and deleted.
+    ("", "pods", &["list", "watch", "create", "delete"]),
     ("events.k8s.io", "events", &["create", "patch"]),
 ];
 
 /// What it must not do there: replace a Backup (it patches finalizers and
-/// status only), write any schedule, cluster, pod, membership Lease or
-/// Secret, list or watch Secrets, or touch anything else.
+/// status only), write any schedule, cluster, membership Lease or Secret,
+/// change a pod or exec into one, list or watch Secrets, or touch anything
+/// else.
 const REFUSED: Rules = &[
     ("backup.cairn.dev", "backups", &["get", "update"]),
     (
@@ -72,7 +74,7 @@ const REFUSED: Rules = &[
         "leases",
         &["get", "create", "update", "patch", "delete"],
     ),
-    ("", "pods", &["get", "create", "update", "patch", "delete"]),
+    ("", "pods", &["get", "update", "patch"]),
     ("", "pods/exec", &["get", "create"]),
     (
         "",

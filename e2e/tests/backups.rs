@@ -9,7 +9,8 @@
 //! (`bootstrap.fromBackup`) has every committed row, and so has one
 //! restored from the bucket alone once the Backups are deleted
 //! (`bootstrap.fromBucket`); a logical backup (pg_dump) loads into a new
-//! cluster with the same rows.
+//! cluster with the same rows; a Backup is verified in a throw-away pod, and
+//! one altered in the bucket is not.
 
 use std::time::{Duration, Instant};
 
@@ -23,7 +24,7 @@ use cairn_storage::{BaseBackups, S3Settings, WalArchive};
 use cairn_testing::{TestNamespace, cluster, wait};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -75,12 +76,19 @@ async fn backup_by(
     method: &str,
     deletion_policy: &str,
 ) -> Result<Backup> {
-    let backup: Backup = serde_json::from_value(json!({
-        "apiVersion": "backup.cairn.dev/v1", "kind": "Backup",
-        "metadata": { "name": name },
-        "spec": { "cluster": { "name": CLUSTER }, "method": method, "deadlineSeconds": 300,
-                  "deletionPolicy": deletion_policy },
-    }))?;
+    create_backup(
+        ns,
+        json!({ "metadata": { "name": name },
+            "spec": { "cluster": { "name": CLUSTER }, "method": method, "deadlineSeconds": 300,
+                      "deletionPolicy": deletion_policy } }),
+    )
+    .await
+}
+
+async fn create_backup(ns: &TestNamespace, mut backup: serde_json::Value) -> Result<Backup> {
+    backup["apiVersion"] = json!("backup.cairn.dev/v1");
+    backup["kind"] = json!("Backup");
+    let backup: Backup = serde_json::from_value(backup)?;
     Ok(ns
         .api::<Backup>()
         .create(&PostParams::default(), &backup)
@@ -364,7 +372,124 @@ async fn a_standby_takes_a_base_backup_and_a_killed_one_fails_cleanly() -> Resul
         dumps.catalog().await?.is_empty(),
         "the dump's folder removed"
     );
+    verification_tells_a_good_backup_from_a_damaged_one(&ns, &bucket).await
+}
+
+/// A Backup with `spec.verification` is restored in a throw-away pod on
+/// the real nodes, read, and checked with the user's SQL: Verified, with
+/// the LSN replay reached; the pod is deleted. A Backup whose data file
+/// was altered in the bucket, verified afterwards: not verified, with the
+/// reason.
+async fn verification_tells_a_good_backup_from_a_damaged_one(
+    ns: &TestNamespace,
+    bucket: &str,
+) -> Result {
+    let backups = ns.api::<Backup>();
+    let pods = ns.api::<Pod>();
+    let check = "SELECT count(*) = 1000002 FROM items";
+    create_backup(
+        ns,
+        json!({ "metadata": { "name": "verified" },
+            "spec": { "cluster": { "name": CLUSTER }, "method": "physical",
+                      "deletionPolicy": "Delete", "verification": { "sql": check } } }),
+    )
+    .await?;
+    let completed = until_final(&backups, "verified").await?;
+    assert_eq!(
+        completed.phase,
+        Some(BackupPhase::Completed),
+        "{completed:?}"
+    );
+    let status = until_verified(&backups, "verified").await?;
+    let verification = status.verification.clone().unwrap_or_default();
+    let pod_seconds = match (&verification.started_at, &verification.completed_at) {
+        (Some(start), Some(end)) => end.0.duration_since(start.0).as_secs_f64(),
+        _ => f64::NAN,
+    };
+    eprintln!(
+        "Backup verified in a throw-away pod: {pod_seconds:.1} s from the pod's creation to the \
+         outcome, {:?} s in the instance, restored to {:?}",
+        verification.duration_seconds, verification.restored_lsn
+    );
+    assert_eq!(verified(&status), Some(("True", "Verified")), "{status:?}");
+    let message = verification.message.unwrap_or_default();
+    assert!(message.contains("the check returned t"), "{message}");
+    let lsn = |text: Option<&str>| cairn_api::database::instance::parse_lsn(text.unwrap_or(""));
+    assert!(
+        lsn(verification.restored_lsn.as_deref()) >= lsn(status.end_lsn.as_deref()),
+        "replayed at least to the end of the backup: {status:?}"
+    );
+    wait::for_deletion(&pods, "verified-verify", Duration::from_secs(60)).await?;
+
+    // Altered in the bucket once completed, then verified.
+    backup(ns, "damaged", "Delete").await?;
+    let damaged = until_final(&backups, "damaged").await?;
+    assert_eq!(damaged.phase, Some(BackupPhase::Completed), "{damaged:?}");
+    let id = damaged.backup_id.clone().unwrap_or_default();
+    let key = format!("e2e/{CLUSTER}/base/{id}/data.tar.zst");
+    let s3 = cairn_testing::s3::client(cluster().s3_endpoint());
+    let stored = s3.get_object().bucket(bucket).key(&key).send().await?;
+    let mut tar = zstd::decode_all(&stored.body.collect().await?.into_bytes()[..])?;
+    let middle = tar.len() / 2;
+    tar[middle] ^= 0xff;
+    s3.put_object()
+        .bucket(bucket)
+        .key(&key)
+        .body(zstd::encode_all(&tar[..], 3)?.into())
+        .send()
+        .await?;
+    backups
+        .patch(
+            "damaged",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "verification": { "sql": check } } })),
+        )
+        .await?;
+    let status = until_verified(&backups, "damaged").await?;
+    let message = status
+        .verification
+        .clone()
+        .and_then(|v| v.message)
+        .unwrap_or_default();
+    eprintln!("damaged Backup: {:?}: {message}", verified(&status));
+    assert_eq!(
+        verified(&status),
+        Some(("False", "RestoreFailed")),
+        "{status:?}"
+    );
+    assert!(message.contains("differs from the manifest"), "{message}");
+    wait::for_deletion(&pods, "damaged-verify", Duration::from_secs(60)).await?;
+    for name in ["verified", "damaged"] {
+        backups.delete(name, &DeleteParams::default()).await?;
+    }
     Ok(())
+}
+
+/// Waits until Backup `name`'s verification has an outcome.
+async fn until_verified(backups: &Api<Backup>, name: &str) -> Result<BackupStatus> {
+    let done = wait::for_object(
+        backups,
+        name,
+        "verified or not",
+        Duration::from_secs(300),
+        |b| {
+            matches!(
+                wait::condition_status(b, "Verified").as_deref(),
+                Some("True" | "False")
+            )
+        },
+    )
+    .await?;
+    Ok(done.status.unwrap_or_default())
+}
+
+/// The `Verified` condition's status and reason.
+fn verified(status: &BackupStatus) -> Option<(&str, &str)> {
+    status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Verified")
+        .map(|c| (c.status.as_str(), c.reason.as_str()))
 }
 
 /// Runs `sql` in pod `pod`'s application database as the superuser.

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use cairn_api::backup::v1::{
-    ARTIFACT_FINALIZER, Backup, BackupDeletionPolicy, BackupMethod, BackupPhase,
+    ARTIFACT_FINALIZER, Backup, BackupDeletionPolicy, BackupMethod, BackupPhase, BackupStatus,
 };
 use cairn_api::database::instance::{CLUSTER_LABEL, OBSERVED_ANNOTATION, ObservedState};
 use cairn_api::database::v1::{DatabaseCluster, DatabaseClusterPhase};
@@ -14,7 +14,7 @@ use cairn_storage::StorageError;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Patch, PatchParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -25,6 +25,7 @@ use crate::artifact::{self, Cleanup, Holds};
 use crate::error::Error;
 use crate::metrics::BackupMetrics;
 use crate::plan::{self, Decision, Instance, World};
+use crate::verify::{self, Step};
 
 /// What the reconcile reads: the controller's caches.
 #[derive(Clone)]
@@ -34,6 +35,8 @@ pub struct Caches {
     pub clusters: Store<DatabaseCluster>,
     /// The database instances' pods and membership Leases.
     pub pods: Store<Pod>,
+    /// The pods verifying backups (`verify.rs`).
+    pub verification_pods: Store<Pod>,
     pub leases: Store<Lease>,
 }
 
@@ -205,26 +208,104 @@ pub async fn reconcile(backup: Arc<Backup>, ctx: Arc<Context>) -> Result<Recheck
     } else {
         finalizers::remove(&api, &*backup, ARTIFACT_FINALIZER).await?;
     }
-    let decision = plan::decide(&backup, &ctx.world(&backup, now));
+    let world = ctx.world(&backup, now);
+    let decision = plan::decide(&backup, &world);
+    let mut current = (*backup).clone();
     if let Some(status) = plan::status(&backup, &decision, now) {
-        let patch = json!({
-            "apiVersion": "backup.cairn.dev/v1",
-            "kind": "Backup",
-            "status": status,
-        });
-        api.patch_status(
-            &backup.name_any(),
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await?;
+        write_status(&api, &backup, &status).await?;
         ctx.metrics.finished(&decision);
         announce(&ctx.recorder, &backup, &decision).await;
+        current.status = Some(status);
     }
-    Ok(match plan::recheck(&backup, &decision, now) {
-        Some(within) => Recheck::Within(within),
-        None => Recheck::AfterResync,
-    })
+    let verifying = verification(&current, world.cluster.as_deref(), &ctx, &api, now).await?;
+    Ok(
+        match [plan::recheck(&backup, &decision, now), verifying]
+            .into_iter()
+            .flatten()
+            .min()
+        {
+            Some(within) => Recheck::Within(within),
+            None => Recheck::AfterResync,
+        },
+    )
+}
+
+async fn write_status(
+    api: &Api<Backup>,
+    backup: &Backup,
+    status: &BackupStatus,
+) -> Result<(), Error> {
+    let patch = json!({
+        "apiVersion": "backup.cairn.dev/v1",
+        "kind": "Backup",
+        "status": status,
+    });
+    api.patch_status(
+        &backup.name_any(),
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
+/// A completed Backup's restore verification (`verify.rs`): its pod
+/// started, its outcome recorded, then the pod deleted. When to look again.
+async fn verification(
+    backup: &Backup,
+    cluster: Option<&DatabaseCluster>,
+    ctx: &Context,
+    api: &Api<Backup>,
+    now: Timestamp,
+) -> Result<Option<std::time::Duration>, Error> {
+    let namespace = backup.namespace().unwrap_or_default();
+    let name = verify::pod_name(backup);
+    let pod = ctx
+        .caches
+        .verification_pods
+        .get(&ObjectRef::new(&name).within(&namespace));
+    let step = verify::plan(backup, cluster, pod.as_deref(), now);
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    if let Step::Start(pod) = &step {
+        match pods.create(&PostParams::default(), pod).await {
+            // The cache has not seen it yet.
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            created => {
+                created?;
+            }
+        }
+    }
+    if let Some(status) = verify::status(backup, &step, now) {
+        write_status(api, backup, &status).await?;
+        let object = backup.object_ref(&());
+        match &step {
+            Step::Start(_) => {
+                let note = format!("pod {name} restores the backup and checks it");
+                publish(&ctx.recorder, &object, EventType::Normal, "Verifying", note).await;
+            }
+            Step::Record(outcome) => {
+                ctx.metrics.verified(outcome.verified);
+                let type_ = if outcome.verified {
+                    EventType::Normal
+                } else {
+                    EventType::Warning
+                };
+                let summary = status.verification.as_ref().map(verify::summary);
+                let note = summary.unwrap_or_else(|| outcome.message.clone());
+                publish(&ctx.recorder, &object, type_, &outcome.reason, note).await;
+            }
+            _ => {}
+        }
+    }
+    if matches!(step, Step::Record(_) | Step::Clean) && pod.is_some() {
+        match pods.delete(&name, &DeleteParams::background()).await {
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            deleted => {
+                deleted?;
+            }
+        }
+    }
+    Ok(verify::recheck(backup, &step))
 }
 
 /// A deleted Backup holding our finalizer: its files removed (`Delete`),

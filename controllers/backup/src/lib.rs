@@ -10,7 +10,9 @@
 //! but their own Lease.
 //!
 //! The reconcile: dereference (caches only) → decide (`plan`, pure) →
-//! status → when to look again.
+//! status → when to look again. A completed Backup with
+//! `spec.verification` is then restored into a throw-away pod that checks
+//! it (`verify`, pure, then the pod, the status, the pod's deletion).
 
 pub mod artifact;
 pub mod backup;
@@ -19,6 +21,7 @@ pub mod metrics;
 pub mod plan;
 pub mod schedule;
 pub mod schedule_plan;
+pub mod verify;
 pub mod wiring;
 
 /// The API group this controller reconciles.

@@ -1,13 +1,15 @@
 //! The backup controller's metrics: Backups by phase, what finished
 //! Backups took, what their deletion did to the bucket, and per schedule
 //! (the one label that follows objects: a schedule is what an alert is
-//! about, and there are few) its last success and recoverability window.
+//! about, and there are few) its last success, last verified backup and
+//! recoverability window.
 //! No label per Backup: each Backup's status has its own figures.
 
 use std::sync::Arc;
 
-use cairn_api::backup::v1::BackupSchedule;
-use cairn_api::backup::v1::{Backup, BackupPhase};
+use cairn_api::backup::v1::{Backup, BackupPhase, BackupSchedule, BackupStatus, VERIFIED};
+use cairn_api::common::Time;
+use cairn_runtime::conditions;
 use kube::ResourceExt;
 use prometheus::{GaugeVec, Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry};
 
@@ -27,13 +29,15 @@ pub struct BackupMetrics {
     duration: Histogram,
     size: Histogram,
     artifacts: IntCounterVec,
+    verifications: IntCounterVec,
     schedule_times: GaugeVec,
 }
 
 /// The times `cairn_backup_schedule_timestamp_seconds` reports, by label.
-const SCHEDULE_TIMES: [&str; 4] = [
+const SCHEDULE_TIMES: [&str; 5] = [
     "last_success",
     "last_failure",
+    "last_verified",
     "first_recoverability_point",
     "last_recoverability_point",
 ];
@@ -42,7 +46,8 @@ impl BackupMetrics {
     /// Registers `cairn_backup_backups{phase}`,
     /// `cairn_backup_finished_total{result,reason}`,
     /// `cairn_backup_duration_seconds`, `cairn_backup_size_bytes`,
-    /// `cairn_backup_artifact_deletions_total{result}` and
+    /// `cairn_backup_artifact_deletions_total{result}`,
+    /// `cairn_backup_verifications_total{result}` and
     /// `cairn_backup_schedule_timestamp_seconds{namespace,schedule,time}`.
     pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
         let metrics = Self {
@@ -87,18 +92,27 @@ impl BackupMetrics {
                 ),
                 &["result"],
             )?,
+            verifications: IntCounterVec::new(
+                Opts::new(
+                    "backup_verifications_total",
+                    "Restore verifications recorded, by result: verified or failed.",
+                ),
+                &["result"],
+            )?,
             schedule_times: GaugeVec::new(
                 Opts::new(
                     "backup_schedule_timestamp_seconds",
                     "Per BackupSchedule: when its newest successful Backup completed \
-                     (time=last_success) and its newest failed Backup failed (last_failure, \
-                     among the Backups retention kept), and the cluster's recoverability window \
+                     (time=last_success), its newest failed Backup failed (last_failure) and \
+                     its newest verified Backup was verified (last_verified), among the Backups \
+                     retention kept, and the cluster's recoverability window \
                      (first_recoverability_point, last_recoverability_point), in Unix seconds.",
                 ),
                 &["namespace", "schedule", "time"],
             )?,
         };
         registry.register(Box::new(metrics.artifacts.clone()))?;
+        registry.register(Box::new(metrics.verifications.clone()))?;
         registry.register(Box::new(metrics.schedule_times.clone()))?;
         registry.register(Box::new(metrics.backups.clone()))?;
         registry.register(Box::new(metrics.finished.clone()))?;
@@ -131,6 +145,12 @@ impl BackupMetrics {
         self.artifacts.with_label_values(&[result]).inc();
     }
 
+    /// A restore verification's outcome was recorded.
+    pub fn verified(&self, verified: bool) {
+        let result = if verified { "verified" } else { "failed" };
+        self.verifications.with_label_values(&[result]).inc();
+    }
+
     /// Sets the schedules' times from every cached schedule and Backup (a
     /// schedule deleted loses its series).
     pub fn refresh_schedules(&self, schedules: &[Arc<BackupSchedule>], backups: &[Arc<Backup>]) {
@@ -139,10 +159,17 @@ impl BackupMetrics {
             let Some(status) = &schedule.status else {
                 continue;
             };
-            let last_failure = last_failure(schedule, backups);
+            let last_failure = newest(schedule, backups, |status| {
+                (status.phase == Some(BackupPhase::Failed)).then(|| status.completed_at.clone())?
+            });
+            let last_verified = newest(schedule, backups, |status| {
+                conditions::is_true(&status.conditions, VERIFIED)
+                    .then(|| status.verification.as_ref()?.completed_at.clone())?
+            });
             let times = [
                 &status.last_successful_time,
                 &last_failure,
+                &last_verified,
                 &status.first_recoverability_point,
                 &status.last_recoverability_point,
             ];
@@ -176,19 +203,17 @@ impl BackupMetrics {
     }
 }
 
-/// When the newest failed Backup of `schedule` failed.
-fn last_failure(
+/// The newest of the times `time` gives for the Backups of `schedule`.
+fn newest(
     schedule: &BackupSchedule,
     backups: &[Arc<Backup>],
-) -> Option<cairn_api::common::Time> {
+    time: impl Fn(&BackupStatus) -> Option<Time>,
+) -> Option<Time> {
     let name = schedule.name_any();
     backups
         .iter()
         .filter(|b| b.namespace() == schedule.namespace())
         .filter(|b| b.labels().get(cairn_api::backup::v1::SCHEDULE_LABEL) == Some(&name))
-        .filter_map(|b| {
-            let status = b.status.as_ref()?;
-            (status.phase == Some(BackupPhase::Failed)).then(|| status.completed_at.clone())?
-        })
+        .filter_map(|b| time(b.status.as_ref()?))
         .max_by_key(|t| t.0)
 }

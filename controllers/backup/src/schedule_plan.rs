@@ -168,7 +168,7 @@ pub fn plan(
                     .collect();
             }
             if !backups.iter().any(|b| b.name_any() == name) {
-                create = Some(new_backup(schedule, slot));
+                create = Some(new_backup(schedule, slot, backups));
             }
             status.last_schedule_time = Some(Time(slot));
         }
@@ -296,12 +296,21 @@ fn health(
 
 /// The Backup for `slot`: the template's spec, owned by the schedule (the
 /// garbage collector removes it with the schedule; its stored backup stays
-/// unless its deletionPolicy is Delete).
-fn new_backup(schedule: &BackupSchedule, slot: Timestamp) -> Backup {
-    let mut backup = Backup::new(
-        &backup_name(&schedule.name_any(), slot),
-        schedule.spec.template.spec.clone(),
-    );
+/// unless its deletionPolicy is Delete). Verified unless one of the
+/// schedule's `verifyEvery - 1` newest Backups (`backups`) already is.
+fn new_backup(schedule: &BackupSchedule, slot: Timestamp, backups: &[Arc<Backup>]) -> Backup {
+    let mut spec = schedule.spec.template.spec.clone();
+    let every = usize::try_from(schedule.spec.verify_every.unwrap_or(1)).unwrap_or(1);
+    let mut newest: Vec<&Arc<Backup>> = backups.iter().collect();
+    newest.sort_by_key(|b| std::cmp::Reverse(b.annotations().get(SLOT_ANNOTATION).cloned()));
+    if newest
+        .iter()
+        .take(every.saturating_sub(1))
+        .any(|b| b.spec.verification.is_some())
+    {
+        spec.verification = None;
+    }
+    let mut backup = Backup::new(&backup_name(&schedule.name_any(), slot), spec);
     backup.metadata.namespace = schedule.namespace();
     backup.metadata.labels = Some(BTreeMap::from([(
         SCHEDULE_LABEL.to_owned(),
@@ -433,6 +442,41 @@ mod tests {
     fn plan_at(schedule: &BackupSchedule, backups: &[Arc<Backup>], now: &str) -> Plan {
         let timing = Timing::parse(schedule).expect("timing");
         plan(schedule, &timing, backups, Storage::healthy(), at(now))
+    }
+
+    #[test]
+    fn every_nth_backup_is_verified() {
+        let template = json!({ "spec": { "cluster": { "name": "orders" }, "method": "physical",
+            "verification": { "sql": "SELECT true" } } });
+        let every_third = schedule(json!({ "template": template, "verifyEvery": 3 }), json!({}));
+        let made = |slot: &str, verified: bool| {
+            let mut backup = (*backup(slot, "Completed", "")).clone();
+            backup.metadata.annotations = Some(BTreeMap::from([(
+                SLOT_ANNOTATION.to_owned(),
+                format!("2026-11-{slot}T02:00:00Z"),
+            )]));
+            if verified {
+                backup.spec.verification = Some(Default::default());
+            }
+            Arc::new(backup)
+        };
+        let verified = |backups: &[Arc<Backup>]| {
+            let created = plan_at(&every_third, backups, "2026-11-26T02:30:00Z").create;
+            created.expect("a Backup").spec.verification.is_some()
+        };
+        assert!(verified(&[]), "the first is verified");
+        assert!(!verified(&[made("25", true)]));
+        assert!(!verified(&[made("24", true), made("25", false)]));
+        assert!(verified(&[
+            made("23", true),
+            made("24", false),
+            made("25", false)
+        ]));
+        // Retention took the older ones: verified again, the safe side.
+        assert!(verified(&[made("25", false), made("24", false)]));
+        let each = schedule(json!({ "template": template }), json!({}));
+        let created = plan_at(&each, &[made("25", true)], "2026-11-26T02:30:00Z").create;
+        assert!(created.expect("a Backup").spec.verification.is_some());
     }
 
     #[test]

@@ -17,9 +17,10 @@ use crate::MANAGER;
 use crate::backup::{self, Caches, Context};
 use crate::metrics::BackupMetrics;
 use crate::schedule;
+use crate::verify;
 
 /// Backups, woken by creation, a spec change or deletion (not by this
-/// controller's status writes); a Pending or Running Backup is looked at
+/// controller's status writes), and by their verification pods; a Pending or Running Backup is looked at
 /// again on a short beat (`plan::POLL`) rather than on every heartbeat of
 /// the instances' Leases, which are only read. BackupSchedules, woken by a
 /// spec change and at each slot (and every 30 s while one of their Backups
@@ -42,6 +43,14 @@ pub fn controllers(manager: &mut Manager) -> Result<Vec<Runnable>, prometheus::E
             "{ours},app.kubernetes.io/component={MEMBERSHIP_COMPONENT}"
         )),
     );
+    let verification_pods = manager.cache(
+        manager.api::<Pod>(),
+        watcher::Config::default().labels(&format!(
+            "app.kubernetes.io/managed-by={MANAGED_BY},app.kubernetes.io/name={}",
+            verify::APP_NAME
+        )),
+    );
+    let verification_store = verification_pods.store();
     let schedules = manager.cache(manager.api::<BackupSchedule>(), watcher::Config::default());
     let schedule_store = schedules.store();
     let store = backups.store();
@@ -50,6 +59,7 @@ pub fn controllers(manager: &mut Manager) -> Result<Vec<Runnable>, prometheus::E
         schedules: schedule_store.clone(),
         clusters: clusters.without_trigger(),
         pods: pods.without_trigger(),
+        verification_pods: verification_store,
         leases: leases.without_trigger(),
     };
     let context = Arc::new(Context {
@@ -64,7 +74,8 @@ pub fn controllers(manager: &mut Manager) -> Result<Vec<Runnable>, prometheus::E
     ));
     Ok(vec![
         manager.runnable(
-            Controller::for_shared_stream(backups.trigger_on_spec_change(), store),
+            Controller::for_shared_stream(backups.trigger_on_spec_change(), store)
+                .owns_shared_stream(verification_pods.trigger()),
             backup::reconcile,
             context.clone(),
         ),

@@ -20,6 +20,9 @@ pub struct InstanceSettings<'a> {
     pub archive_command: Option<String>,
     /// While a restore replays the source's WAL (recovery.signal is there).
     pub recovery: Option<Recovery>,
+    /// A server that will never have a standby (one verifying a backup):
+    /// commits never wait for a synchronous one.
+    pub alone: bool,
 }
 
 /// How a restore recovers: where archived WAL comes from, where it stops.
@@ -80,6 +83,9 @@ pub fn postgresql_conf(controller_conf: &str, settings: &InstanceSettings) -> St
         "primary_slot_name",
         settings.primary_slot_name.as_deref().unwrap_or(""),
     );
+    if settings.alone {
+        set("synchronous_standby_names", "");
+    }
     if let Some(command) = &settings.archive_command {
         set("archive_mode", "on");
         set("archive_command", command);
@@ -225,7 +231,21 @@ mod tests {
             ssl_key_file: Path::new("/run/pg/tls/tls.key"),
             archive_command: None,
             recovery: None,
+            alone: false,
         }
+    }
+
+    #[test]
+    fn a_server_alone_waits_for_no_synchronous_standby() {
+        let controllers = "synchronous_standby_names = 'ANY 1 (orders_1)'";
+        let mut alone = settings(None);
+        alone.alone = true;
+        let conf = postgresql_conf(controllers, &alone);
+        assert!(conf.ends_with("synchronous_standby_names = ''\n"), "{conf}");
+        assert!(
+            !postgresql_conf(controllers, &settings(None))
+                .contains("synchronous_standby_names = ''")
+        );
     }
 
     #[test]

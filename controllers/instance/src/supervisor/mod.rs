@@ -376,6 +376,7 @@ impl Supervisor {
                 ssl_key_file: &self.tls.key_file(),
                 archive_command: self.archive_command()?,
                 recovery: self.recovery()?,
+                alone: self.config.verify,
             },
         );
         write_atomically(&self.config.data_dir.join("postgresql.conf"), &text, 0o600)
