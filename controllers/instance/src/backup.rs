@@ -176,6 +176,7 @@ impl Taker {
         let method = request.method;
         tracing::info!(backup = %request.name, %id, ?method, "taking a backup");
         self.report(progress.clone());
+        let _keeping = (method == BackupMethod::Physical).then(|| KeepingWal::start(&self.state));
         match self.stream(method, &id, &mut progress).await {
             Ok(manifest) => {
                 let elapsed = started.elapsed().as_millis() as u64;
@@ -296,7 +297,8 @@ impl Taker {
     /// certificate names the Services, not 127.0.0.1, so it is not
     /// verified: nothing sits between a process and its own loopback).
     /// `--wal-method=fetch` puts the WAL the backup needs in the tar, so it
-    /// restores without the archive.
+    /// restores without the archive: read at the end from the server's
+    /// pg_wal, which keeps more meanwhile (`KeepingWal`).
     fn basebackup_command(&self) -> Result<Command, String> {
         let user = self
             .config
@@ -307,6 +309,9 @@ impl Taker {
             .credential(contract::REPLICATION_PASSWORD_KEY)
             .map_err(|e| format!("replication credentials: {e}"))?;
         let mut command = Command::new(self.config.program("pg_basebackup"));
+        if let Some(rate) = &self.config.backup_max_rate {
+            command.arg(format!("--max-rate={rate}"));
+        }
         command
             .args(["--pgdata=-", "--format=tar", "--wal-method=fetch"])
             .args(["--checkpoint=fast", "--verbose", "--no-password"])
@@ -356,6 +361,28 @@ fn failed(request: &Request, id: &str, error: String) -> BackupProgress {
         id: id.to_owned(),
         error: Some(error),
         ..BackupProgress::default()
+    }
+}
+
+/// While a base backup runs, the server keeps up to a tenth of its volume
+/// of WAL (as replication slots may), not `wal_keep_size` alone: the WAL
+/// the backup spans is read from pg_wal at its end (`--wal-method=fetch`,
+/// without a slot), and a restartpoint during a long backup under writes
+/// would otherwise remove it. The supervisor rewrites the configuration and
+/// reloads when this changes; dropping the guard (the backup done, failed
+/// or withdrawn) ends it.
+struct KeepingWal(Arc<State>);
+
+impl KeepingWal {
+    fn start(state: &Arc<State>) -> Self {
+        state.update(|s| s.base_backup_running = true);
+        Self(state.clone())
+    }
+}
+
+impl Drop for KeepingWal {
+    fn drop(&mut self) {
+        self.0.update(|s| s.base_backup_running = false);
     }
 }
 

@@ -23,6 +23,8 @@ pub struct InstanceSettings<'a> {
     /// A server that will never have a standby (one verifying a backup):
     /// commits never wait for a synchronous one.
     pub alone: bool,
+    /// `wal_keep_size` in MB while a base backup runs (see `backup.rs`).
+    pub wal_keep_for_backup_mb: Option<u64>,
 }
 
 /// How a restore recovers: where archived WAL comes from, where it stops.
@@ -85,6 +87,9 @@ pub fn postgresql_conf(controller_conf: &str, settings: &InstanceSettings) -> St
     );
     if settings.alone {
         set("synchronous_standby_names", "");
+    }
+    if let Some(mb) = settings.wal_keep_for_backup_mb {
+        set("wal_keep_size", &format!("{mb}MB"));
     }
     if let Some(command) = &settings.archive_command {
         set("archive_mode", "on");
@@ -232,7 +237,16 @@ mod tests {
             archive_command: None,
             recovery: None,
             alone: false,
+            wal_keep_for_backup_mb: None,
         }
+    }
+
+    #[test]
+    fn a_base_backup_keeps_more_wal_while_it_runs() {
+        let mut backing_up = settings(None);
+        backing_up.wal_keep_for_backup_mb = Some(2560);
+        let conf = postgresql_conf("wal_keep_size = '256MB'", &backing_up);
+        assert!(conf.ends_with("wal_keep_size = '2560MB'\n"), "{conf}");
     }
 
     #[test]

@@ -115,6 +115,10 @@ pub struct Config {
     /// waits for the bucket however long.
     #[arg(long, env = "CAIRN_WAL_ARCHIVE_MAX_PENDING_BYTES")]
     pub wal_archive_max_pending_bytes: Option<u64>,
+    /// pg_basebackup's `--max-rate` (e.g. `50M`, bytes per second with a
+    /// `k` or `M` suffix): a base backup's read rate, unlimited if unset.
+    #[arg(long, env = "CAIRN_BACKUP_MAX_RATE")]
+    pub backup_max_rate: Option<String>,
     /// Restore: the cluster whose backup a new cluster's first primary
     /// restores (its folder in this cluster's bucket), the backup's id (the
     /// newest suitable one when unset), and at most one recovery target (all

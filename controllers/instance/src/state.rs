@@ -65,6 +65,8 @@ pub struct Status {
     pub backup_destination: Option<String>,
     /// The base backup last requested of this instance.
     pub backup: Option<BackupProgress>,
+    /// A base backup is being taken: the server keeps more WAL meanwhile.
+    pub base_backup_running: bool,
 }
 
 pub struct State {

@@ -79,7 +79,7 @@ async fn check(config: &Config) -> Result<(String, Option<String>), String> {
     let lsn = postgres
         .query_one("SELECT pg_last_wal_replay_lsn()::text", &[])
         .await
-        .map_err(|e| format!("reading the replay position: {e}"))?
+        .map_err(|e| format!("reading the replay position: {}", sql_error(&e)))?
         .get::<_, Option<String>>(0);
     let databases: Vec<String> = postgres
         .query(
@@ -87,7 +87,7 @@ async fn check(config: &Config) -> Result<(String, Option<String>), String> {
             &[],
         )
         .await
-        .map_err(|e| format!("listing databases: {e}"))?
+        .map_err(|e| format!("listing databases: {}", sql_error(&e)))?
         .iter()
         .map(|row| row.get(0))
         .collect();
@@ -127,14 +127,14 @@ async fn read_every_table(client: &tokio_postgres::Client) -> Result<(u64, u64),
             &[],
         )
         .await
-        .map_err(|e| format!("listing tables: {e}"))?;
+        .map_err(|e| format!("listing tables: {}", sql_error(&e)))?;
     let mut rows = 0;
     for table in &tables {
         let name: String = table.get(0);
         let count: i64 = client
             .query_one(&format!("SELECT count(*) FROM ONLY {name}"), &[])
             .await
-            .map_err(|e| format!("reading {name}: {e}"))?
+            .map_err(|e| format!("reading {name}: {}", sql_error(&e)))?
             .get(0);
         rows += u64::try_from(count).unwrap_or(0);
     }
@@ -147,10 +147,10 @@ async fn run_check(client: &tokio_postgres::Client, sql: &str) -> Result<String,
     client
         .batch_execute("BEGIN READ ONLY")
         .await
-        .map_err(|e| format!("starting the check: {e}"))?;
+        .map_err(|e| format!("starting the check: {}", sql_error(&e)))?;
     let answer = client.simple_query(sql).await;
     let _ = client.batch_execute("ROLLBACK").await;
-    let messages = answer.map_err(|e| format!("the check failed: {e}"))?;
+    let messages = answer.map_err(|e| format!("the check failed: {}", sql_error(&e)))?;
     let first = messages.iter().find_map(|message| match message {
         SimpleQueryMessage::Row(row) => Some(row.get(0).map(str::to_owned)),
         _ => None,
@@ -160,6 +160,14 @@ async fn run_check(client: &tokio_postgres::Client, sql: &str) -> Result<String,
         Some(Some(value)) => Ok(value),
         Some(None) => Ok("NULL".to_owned()),
         None => Ok("no rows".to_owned()),
+    }
+}
+
+/// The server's own message, not tokio-postgres's "db error".
+fn sql_error(error: &tokio_postgres::Error) -> String {
+    match error.as_db_error() {
+        Some(db) => format!("{}: {}", db.severity(), db.message()),
+        None => error.to_string(),
     }
 }
 

@@ -121,6 +121,26 @@ fn reports(backup: &Backup, phase: BackupProgressPhase) -> impl Fn(&ObservedStat
     }
 }
 
+/// Waits until the standby `orders-1` reports it replayed everything the
+/// primary has written so far.
+async fn until_replayed(leases: &Api<Lease>, primary: &support::Instance) -> Result {
+    let written: String = primary
+        .sql()
+        .await?
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await?
+        .get(0);
+    let written = parse_lsn(&written).ok_or("an LSN")?;
+    support::until_observed(leases, "orders-1", |o| {
+        o.wal_position
+            .as_deref()
+            .and_then(parse_lsn)
+            .is_some_and(|replayed| replayed >= written)
+    })
+    .await?;
+    Ok(())
+}
+
 /// Instances `orders-0` (primary) and `orders-1` (standby) of `ns` as if in
 /// their pods, under the Role instances get, archiving to `bucket` at
 /// `endpoint`; both ready.
@@ -129,6 +149,17 @@ async fn primary_and_standby(
     fixture: &Fixture,
     endpoint: &str,
     bucket: &str,
+) -> Result<(support::Instance, support::Instance)> {
+    primary_and_standby_with(ns, fixture, endpoint, bucket, &[]).await
+}
+
+/// The same, the standby with `env` too.
+async fn primary_and_standby_with(
+    ns: &TestNamespace,
+    fixture: &Fixture,
+    endpoint: &str,
+    bucket: &str,
+    env: &[(&str, &str)],
 ) -> Result<(support::Instance, support::Instance)> {
     cairn_testing::crds::install(
         &ns.client,
@@ -149,9 +180,12 @@ async fn primary_and_standby(
     let spec = fixture.in_pod("orders-0", ns, &kubeconfig)?;
     let primary = fixture.start(&fixture.archiving_to(spec, endpoint, bucket)?)?;
     primary.wait_ready(Duration::from_secs(60)).await?;
-    let spec = fixture
+    let mut spec = fixture
         .in_pod("orders-1", ns, &kubeconfig)?
         .following(&primary);
+    for (name, value) in env {
+        spec = spec.env(name, value);
+    }
     let standby = fixture.start(&fixture.archiving_to(spec, endpoint, bucket)?)?;
     standby.wait_ready(Duration::from_secs(60)).await?;
     Ok((primary, standby))
@@ -171,11 +205,9 @@ async fn a_standby_backs_up_on_request_and_the_backup_restores() -> Result {
          INSERT INTO orders SELECT i, md5(i::text) FROM generate_series(1, 50000) i;",
     )
     .await?;
+    // A backup holds what its standby had replayed when it ended.
     let leases: Api<Lease> = ns.api();
-    support::until_observed(&leases, "orders-1", |o| {
-        o.wal_position.is_some() && o.wal_position == o.received_position
-    })
-    .await?;
+    until_replayed(&leases, &primary).await?;
 
     let backup = assign_backup(&ns, "nightly", "orders-1").await?;
     let progress = until_completed(&leases, "orders-1", &backup).await?;
@@ -234,6 +266,60 @@ async fn a_standby_backs_up_on_request_and_the_backup_restores() -> Result {
     let id = BackupId::of_backup("broken", &second.uid().unwrap_or_default())?;
     assert_eq!(base_backups(&bucket).manifest(&id).await?, None);
     assert_eq!(base_backups(&bucket).catalog().await?.len(), 1);
+    drop((standby, primary));
+    fixture.passed()
+}
+
+#[tokio::test]
+async fn a_slow_backup_under_writes_keeps_the_wal_it_spans() -> Result {
+    let ns = cluster().namespace("instance-backup-wal").await?;
+    // Little WAL kept by default, so that a restartpoint during the backup
+    // would remove what it spans.
+    let mut fixture = Fixture::new("backup-wal", &[("wal_keep_size", "16MB")])?;
+    let bucket = new_bucket().await?;
+    let endpoint = cluster_endpoint();
+    let throttled = [("CAIRN_BACKUP_MAX_RATE", "4M")];
+    let (primary, standby) =
+        primary_and_standby_with(&ns, &fixture, &endpoint, &bucket, &throttled).await?;
+    let leases: Api<Lease> = ns.api();
+    let backup = assign_backup(&ns, "slow", "orders-1").await?;
+    support::until_observed(
+        &leases,
+        "orders-1",
+        reports(&backup, BackupProgressPhase::Running),
+    )
+    .await?;
+    // 4 segments written while it runs, then a checkpoint the standby
+    // replays and a restartpoint there: all the WAL since the backup began
+    // is older than the 16 MB usually kept.
+    let sql = primary.sql().await?;
+    for _ in 0..4 {
+        sql.batch_execute(
+            "CREATE TABLE IF NOT EXISTS churn (x int); INSERT INTO churn SELECT generate_series(1, 1000); \
+             SELECT pg_switch_wal();",
+        )
+        .await?;
+    }
+    sql.batch_execute("CHECKPOINT").await?;
+    until_replayed(&leases, &primary).await?;
+    standby.sql().await?.batch_execute("CHECKPOINT").await?;
+    let still_running = standby.status().await?["backup"]["phase"] == "Running";
+    let progress = until_completed(&leases, "orders-1", &backup).await?;
+    println!(
+        "a throttled backup (4 MB/s) with 4 segments written and a restartpoint meanwhile: {progress:?}"
+    );
+    assert!(still_running, "the restartpoint came while the backup ran");
+    let catalog = base_backups(&bucket).catalog().await?;
+    let (exit, report) = verification(
+        &fixture,
+        &bucket,
+        &catalog[0].id,
+        "verify",
+        "SELECT true",
+        false,
+    )
+    .await?;
+    assert!(exit.success() && report.verified, "{report:?}");
     drop((standby, primary));
     fixture.passed()
 }
@@ -452,21 +538,8 @@ async fn a_logical_backup_from_the_standby_loads_into_a_new_cluster_once() -> Re
         )
         .await?;
     // The dump is of the standby: it waits until the standby replayed all.
-    let written: String = primary
-        .sql()
-        .await?
-        .query_one("SELECT pg_current_wal_lsn()::text", &[])
-        .await?
-        .get(0);
-    let written = cairn_api::database::instance::parse_lsn(&written).ok_or("an LSN")?;
     let leases: Api<Lease> = ns.api();
-    support::until_observed(&leases, "orders-1", |o| {
-        o.wal_position
-            .as_deref()
-            .and_then(cairn_api::database::instance::parse_lsn)
-            .is_some_and(|replayed| replayed >= written)
-    })
-    .await?;
+    until_replayed(&leases, &primary).await?;
 
     let backup = assign(&ns, "dump", "orders-1", "logical").await?;
     let progress = until_completed(&leases, "orders-1", &backup).await?;

@@ -377,6 +377,7 @@ impl Supervisor {
                 archive_command: self.archive_command()?,
                 recovery: self.recovery()?,
                 alone: self.config.verify,
+                wal_keep_for_backup_mb: self.wal_keep_for_backup_mb(),
             },
         );
         write_atomically(&self.config.data_dir.join("postgresql.conf"), &text, 0o600)
@@ -799,9 +800,21 @@ impl Supervisor {
         )
     }
 
-    fn config_files(&self) -> Option<(String, String)> {
+    /// What postgresql.conf is written from: the controller's files, and
+    /// whether a base backup runs (it keeps more WAL meanwhile).
+    fn config_files(&self) -> (Option<(String, String)>, bool) {
         let read = |name: &str| std::fs::read_to_string(self.config.config_dir.join(name)).ok();
-        Some((read("postgresql.conf")?, read("pg_hba.conf")?))
+        let files = read("postgresql.conf").zip(read("pg_hba.conf"));
+        (files, self.state.status().base_backup_running)
+    }
+
+    /// While a base backup runs: a tenth of the data volume (what
+    /// replication slots may hold), at least the usual 256 MB.
+    fn wal_keep_for_backup_mb(&self) -> Option<u64> {
+        let status = self.state.status();
+        status
+            .base_backup_running
+            .then(|| (status.data_volume_bytes.unwrap_or(0) / 10 / (1024 * 1024)).max(256))
     }
 
     fn primary_host(&self) -> Result<String, Error> {
