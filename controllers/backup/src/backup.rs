@@ -212,10 +212,9 @@ pub async fn reconcile(backup: Arc<Backup>, ctx: Arc<Context>) -> Result<Recheck
     let decision = plan::decide(&backup, &world);
     let mut current = (*backup).clone();
     if let Some(status) = plan::status(&backup, &decision, now) {
-        write_status(&api, &backup, &status).await?;
+        current = write_status(&api, &backup, &status).await?;
         ctx.metrics.finished(&decision);
         announce(&ctx.recorder, &backup, &decision).await;
-        current.status = Some(status);
     }
     let verifying = verification(&current, world.cluster.as_deref(), &ctx, &api, now).await?;
     Ok(
@@ -230,23 +229,28 @@ pub async fn reconcile(backup: Arc<Backup>, ctx: Arc<Context>) -> Result<Recheck
     )
 }
 
+/// Applies the whole status, on the condition that the Backup is still the
+/// version `backup` was read at: a status decided from a cache that lags
+/// this controller's own last write is refused (409, retried once the
+/// cache caught up) rather than undoing that write. The Backup as written.
 async fn write_status(
     api: &Api<Backup>,
     backup: &Backup,
     status: &BackupStatus,
-) -> Result<(), Error> {
+) -> Result<Backup, Error> {
     let patch = json!({
         "apiVersion": "backup.cairn.dev/v1",
         "kind": "Backup",
+        "metadata": { "resourceVersion": backup.resource_version() },
         "status": status,
     });
-    api.patch_status(
-        &backup.name_any(),
-        &PatchParams::apply(MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await?;
-    Ok(())
+    Ok(api
+        .patch_status(
+            &backup.name_any(),
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?)
 }
 
 /// A completed Backup's restore verification (`verify.rs`): its pod
@@ -266,15 +270,9 @@ async fn verification(
         .get(&ObjectRef::new(&name).within(&namespace));
     let step = verify::plan(backup, cluster, pod.as_deref(), now);
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
-    if let Step::Start(pod) = &step {
-        match pods.create(&PostParams::default(), pod).await {
-            // The cache has not seen it yet.
-            Err(kube::Error::Api(e)) if e.code == 409 => {}
-            created => {
-                created?;
-            }
-        }
-    }
+    // The status first: a verification started is recorded (its start, for
+    // the deadline) before its pod exists, and an outcome before its pod
+    // goes; a stale cache fails the write and starts or deletes nothing.
     if let Some(status) = verify::status(backup, &step, now) {
         write_status(api, backup, &status).await?;
         let object = backup.object_ref(&());
@@ -297,13 +295,25 @@ async fn verification(
             _ => {}
         }
     }
-    if matches!(step, Step::Record(_) | Step::Clean) && pod.is_some() {
-        match pods.delete(&name, &DeleteParams::background()).await {
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            deleted => {
-                deleted?;
+    let ours = pod.as_deref().is_some_and(|p| verify::owned_by(p, backup));
+    match &step {
+        Step::Start(pod) => match pods.create(&PostParams::default(), pod).await {
+            // The cache has not seen it yet.
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            created => {
+                created?;
+            }
+        },
+        // Only this Backup's own pod, never one that took its name.
+        Step::Record(_) | Step::Clean | Step::Withdraw if ours => {
+            match pods.delete(&name, &DeleteParams::background()).await {
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                deleted => {
+                    deleted?;
+                }
             }
         }
+        _ => {}
     }
     Ok(verify::recheck(backup, &step))
 }

@@ -297,11 +297,16 @@ fn health(
 /// The Backup for `slot`: the template's spec, owned by the schedule (the
 /// garbage collector removes it with the schedule; its stored backup stays
 /// unless its deletionPolicy is Delete). Verified unless one of the
-/// schedule's `verifyEvery - 1` newest Backups (`backups`) already is.
+/// schedule's `verifyEvery - 1` newest Backups not failed (`backups`)
+/// already is.
 fn new_backup(schedule: &BackupSchedule, slot: Timestamp, backups: &[Arc<Backup>]) -> Backup {
     let mut spec = schedule.spec.template.spec.clone();
     let every = usize::try_from(schedule.spec.verify_every.unwrap_or(1)).unwrap_or(1);
-    let mut newest: Vec<&Arc<Backup>> = backups.iter().collect();
+    // A failed Backup is never verified: it does not count.
+    let mut newest: Vec<&Arc<Backup>> = backups
+        .iter()
+        .filter(|b| phase(b) != Some(BackupPhase::Failed))
+        .collect();
     newest.sort_by_key(|b| std::cmp::Reverse(b.annotations().get(SLOT_ANNOTATION).cloned()));
     if newest
         .iter()

@@ -18,7 +18,8 @@ use cairn_api::database::instance::{self as contract, VerificationReport};
 use cairn_api::database::pod as instance_pod;
 use cairn_api::database::v1::DatabaseCluster;
 use cairn_runtime::{conditions, labels};
-use k8s_openapi::api::core::v1::{Container, EnvVar, Pod, PodSpec, Volume};
+use k8s_openapi::api::core::v1::{Container, EmptyDirVolumeSource, EnvVar, Pod, PodSpec, Volume};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
@@ -45,6 +46,9 @@ pub enum Step {
     Record(Outcome),
     /// The outcome is recorded: delete the pod left.
     Clean,
+    /// `spec.verification` was removed before an outcome: the pod goes and
+    /// the verification in progress is forgotten.
+    Withdraw,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -81,13 +85,13 @@ pub fn plan(
     now: Timestamp,
 ) -> Step {
     let status = backup.status.clone().unwrap_or_default();
-    let decided =
-        conditions::find(&status.conditions, VERIFIED).is_some_and(|c| c.status != "Unknown");
+    let condition = conditions::find(&status.conditions, VERIFIED);
+    let decided = condition.is_some_and(|c| c.status != "Unknown");
     let Some(verification) = &backup.spec.verification else {
-        return if pod.is_some() {
-            Step::Clean
-        } else {
-            Step::Idle
+        return match (condition.is_some() && !decided, pod.is_some()) {
+            (true, _) => Step::Withdraw,
+            (false, true) => Step::Clean,
+            (false, false) => Step::Idle,
         };
     };
     if decided {
@@ -149,7 +153,8 @@ fn deadline(verification: &Verification) -> Duration {
         .map_or(DEFAULT_DEADLINE, Duration::from_secs)
 }
 
-fn owned_by(pod: &Pod, backup: &Backup) -> bool {
+/// Whether `pod` is `backup`'s (its owner reference's uid).
+pub fn owned_by(pod: &Pod, backup: &Backup) -> bool {
     pod.owner_references()
         .iter()
         .any(|owner| Some(&owner.uid) == backup.meta().uid.as_ref())
@@ -161,6 +166,16 @@ fn finished(pod: &Pod) -> Option<Outcome> {
     let phase = status.phase.as_deref()?;
     if phase != "Succeeded" && phase != "Failed" {
         return None;
+    }
+    // Ended by the kubelet at activeDeadlineSeconds.
+    if status.reason.as_deref() == Some("DeadlineExceeded") {
+        return Some(Outcome::failed(
+            "DeadlineExceeded",
+            format!(
+                "pod {} was stopped at its deadline before it reported",
+                pod.name_any()
+            ),
+        ));
     }
     let terminated = status
         .container_statuses
@@ -253,7 +268,12 @@ pub fn build(
         volumes: Some(
             std::iter::once(Volume {
                 name: "data".to_owned(),
-                empty_dir: Some(Default::default()),
+                // No larger than the cluster's own volume: a backup that
+                // outgrows it is evicted, not the node's disk filled.
+                empty_dir: Some(EmptyDirVolumeSource {
+                    size_limit: Some(Quantity(cluster.spec.storage.size.clone())),
+                    ..EmptyDirVolumeSource::default()
+                }),
                 ..Volume::default()
             })
             .chain(instance_pod::volumes(cluster, Some(s3)))
@@ -340,10 +360,17 @@ pub fn status(backup: &Backup, step: &Step, now: Timestamp) -> Option<BackupStat
     let generation = backup.metadata.generation;
     match step {
         Step::Idle | Step::Wait | Step::Clean => return None,
+        Step::Withdraw => {
+            status.conditions.retain(|c| c.type_ != VERIFIED);
+            status.verification = None;
+        }
         Step::Start(pod) => {
+            // Started now unless this pod's start is recorded already.
             let verification = status.verification.get_or_insert_with(Default::default);
-            verification.pod = pod.metadata.name.clone();
-            verification.started_at.get_or_insert(Time(now));
+            if verification.pod != pod.metadata.name || verification.started_at.is_none() {
+                verification.pod = pod.metadata.name.clone();
+                verification.started_at = Some(Time(now));
+            }
             let mut condition = conditions::new(
                 VERIFIED,
                 false,
@@ -508,6 +535,18 @@ mod tests {
             .map(|v| v.name.as_str())
             .collect();
         assert!(volumes.contains(&"data") && volumes.contains(&"backup-credentials"));
+        let data = spec
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == "data")
+            .expect("data");
+        let limit = data.empty_dir.as_ref().and_then(|e| e.size_limit.clone());
+        assert_eq!(
+            limit,
+            Some(Quantity("1Gi".into())),
+            "no larger than the cluster's volume"
+        );
         let restricted = container.security_context.as_ref().expect("security");
         assert_eq!(restricted.allow_privilege_escalation, Some(false));
 
@@ -524,6 +563,21 @@ mod tests {
             !env.iter()
                 .any(|e| e.name == "CAIRN_RESTORE_TARGET_END_OF_BACKUP")
         );
+    }
+
+    #[test]
+    fn a_verification_withdrawn_midway_is_forgotten_and_its_pod_deleted() {
+        let cluster = cluster();
+        let mut backup = backup("physical", completed());
+        let started = plan(&backup, Some(&cluster), None, now());
+        backup.status = status(&backup, &started, now());
+        backup.spec.verification = None;
+        let running = pod_with("Running", None);
+        let step = plan(&backup, Some(&cluster), Some(&running), now());
+        assert_eq!(step, Step::Withdraw);
+        let after = status(&backup, &step, now()).expect("a change");
+        assert!(conditions::find(&after.conditions, VERIFIED).is_none());
+        assert_eq!(after.verification, None);
     }
 
     #[test]
@@ -596,6 +650,13 @@ mod tests {
             (outcome.verified, outcome.reason.as_str()),
             (false, "RestoreFailed")
         );
+
+        let mut stopped = pod_with("Failed", Some("killed"));
+        stopped.status.as_mut().expect("status").reason = Some("DeadlineExceeded".into());
+        let Step::Record(outcome) = plan(&backup, Some(&cluster), Some(&stopped), now()) else {
+            panic!("expected an outcome");
+        };
+        assert_eq!(outcome.reason, "DeadlineExceeded");
 
         let crashed = pod_with("Failed", Some("panic: out of memory"));
         let Step::Record(outcome) = plan(&backup, Some(&cluster), Some(&crashed), now()) else {

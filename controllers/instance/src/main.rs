@@ -185,8 +185,10 @@ async fn run(config: Config) -> Result<(), StartError> {
     if let Some(renewer) = renewer {
         let _ = tokio::time::timeout(Duration::from_secs(5), renewer).await;
     }
+    // Verifying, only a verdict of success is a success.
     match *verification.borrow() {
         Some(false) => Err("the backup did not verify".into()),
+        None if verifying.is_some() => Err("stopped before the verification ended".into()),
         _ => Ok(()),
     }
 }

@@ -54,6 +54,9 @@ pub struct Status {
     pub postgres_restarts: u64,
     /// The last failure, kept until something succeeds again.
     pub last_error: Option<String>,
+    /// Failed attempts to prepare the data folder or start postgres since
+    /// this process started.
+    pub failed_starts: u64,
     /// Failed attempts to load a logical backup since this process started.
     pub dump_load_failures: u32,
     /// Free and total bytes of the filesystem that holds the data folder.

@@ -11,17 +11,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cairn_api::database::instance::{self as contract, VerificationReport};
-use tokio_postgres::SimpleQueryMessage;
 
 use crate::config::Config;
 use crate::observe::Role;
-use crate::state::{Phase, State};
+use crate::state::State;
 
 /// Failed attempts of the supervisor (restore, start) before the backup is
 /// reported unrestorable: a transient fault is retried, a damaged backup
 /// fails every time.
 const ATTEMPTS: u32 = 3;
 /// A termination message holds at most 4096 bytes.
+const REPORT_LIMIT: usize = 4000;
+/// What is kept of a long message before it is serialized.
 const MESSAGE_LIMIT: usize = 3000;
 
 pub const VERIFIED: &str = "Verified";
@@ -34,7 +35,7 @@ pub async fn verify(config: &Config, state: &Arc<State>, started: Instant) -> Ve
         |verified: bool, reason: &str, message: String, lsn: Option<String>| VerificationReport {
             verified,
             reason: reason.to_owned(),
-            message: shorten(message),
+            message: shorten(message, MESSAGE_LIMIT),
             restored_lsn: lsn,
             seconds: started.elapsed().as_secs_f64(),
         };
@@ -51,23 +52,17 @@ pub async fn verify(config: &Config, state: &Arc<State>, started: Instant) -> Ve
 /// [`ATTEMPTS`] times to restore and start it, or to load a dump (the last
 /// error).
 async fn serving(state: &State, poll: Duration) -> Result<(), String> {
-    let mut failures = 0;
-    let mut retrying = false;
+    let mut last_error = None;
     loop {
         let status = state.status();
         if status.ready && status.role == Some(Role::Primary) {
             return Ok(());
         }
-        let now_retrying = status.phase == Phase::Retrying;
-        if now_retrying && !retrying {
-            failures += 1;
+        last_error = status.last_error.clone().or(last_error);
+        let failures = status.failed_starts + status.postgres_restarts;
+        if failures >= u64::from(ATTEMPTS) || status.dump_load_failures >= ATTEMPTS {
+            return Err(last_error.unwrap_or_else(|| "the restored server did not start".into()));
         }
-        if failures >= ATTEMPTS || status.dump_load_failures >= ATTEMPTS {
-            return Err(status
-                .last_error
-                .unwrap_or_else(|| "the restored server did not start".to_owned()));
-        }
-        retrying = now_retrying;
         tokio::time::sleep(poll.min(Duration::from_millis(250))).await;
     }
 }
@@ -107,21 +102,50 @@ async fn check(config: &Config) -> Result<(String, Option<String>), String> {
         let application = config
             .credential(contract::DATABASE_KEY)
             .map_err(|e| format!("credentials ({}): {e}", contract::DATABASE_KEY))?;
-        let client = connect(config, &application).await?;
+        let password = checker(&postgres).await?;
+        let client = connect_as(config, &application, CHECKER, &password).await?;
         let answer = run_check(&client, sql).await?;
         message.push_str(&format!("; the check returned {answer}"));
     }
     Ok((message, lsn))
 }
 
-/// Every table read through (a sequential scan touches every page, so a
-/// page the server cannot read fails here): how many, and their rows.
+/// The role the user's SQL runs as: it may read every table
+/// (`pg_read_all_data`) and nothing else. Not the superuser, who could read
+/// the server's files (the credentials mounted in the pod) or run programs.
+const CHECKER: &str = "cairn_verify_check";
+
+/// Creates [`CHECKER`] with a new random password; the password.
+async fn checker(superuser: &tokio_postgres::Client) -> Result<String, String> {
+    let password: String = {
+        use rand::Rng;
+        rand::rng()
+            .sample_iter(rand::distr::Alphanumeric)
+            .take(32)
+            .map(char::from)
+            .collect()
+    };
+    let verifier = postgres_protocol::password::scram_sha_256(password.as_bytes());
+    superuser
+        .batch_execute(&format!(
+            "DROP ROLE IF EXISTS {CHECKER}; \
+             CREATE ROLE {CHECKER} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE \
+             PASSWORD '{verifier}' IN ROLE pg_read_all_data"
+        ))
+        .await
+        .map_err(|e| format!("creating the role of the check: {}", sql_error(&e)))?;
+    Ok(password)
+}
+
+/// Every table read through (a sequential scan of each table's heap: a
+/// page the server cannot read fails here; TOAST and indexes are not
+/// read): how many, and their rows.
 async fn read_every_table(client: &tokio_postgres::Client) -> Result<(u64, u64), String> {
     let tables = client
         .query(
             "SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c \
              JOIN pg_namespace n ON n.oid = c.relnamespace \
-             WHERE c.relkind IN ('r', 'm') AND c.relpersistence = 'p' \
+             WHERE c.relkind IN ('r', 'm') AND c.relpersistence = 'p' AND c.relispopulated \
              AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
              AND n.nspname NOT LIKE 'pg_toast%' ORDER BY 1",
             &[],
@@ -141,25 +165,32 @@ async fn read_every_table(client: &tokio_postgres::Client) -> Result<(u64, u64),
     Ok((tables.len() as u64, rows))
 }
 
-/// The user's SQL in a read-only transaction: its first row's first value,
-/// which must not be `false`.
-async fn run_check(client: &tokio_postgres::Client, sql: &str) -> Result<String, String> {
+/// The user's SQL, one statement (the extended protocol takes no more) in
+/// a read-only transaction: it passes unless it fails or its first row's
+/// first value is `false`. What it returned is described, never quoted
+/// (the status is no place for the data).
+async fn run_check(client: &tokio_postgres::Client, sql: &str) -> Result<&'static str, String> {
     client
         .batch_execute("BEGIN READ ONLY")
         .await
         .map_err(|e| format!("starting the check: {}", sql_error(&e)))?;
-    let answer = client.simple_query(sql).await;
+    let answer = client.query(sql, &[]).await;
     let _ = client.batch_execute("ROLLBACK").await;
-    let messages = answer.map_err(|e| format!("the check failed: {}", sql_error(&e)))?;
-    let first = messages.iter().find_map(|message| match message {
-        SimpleQueryMessage::Row(row) => Some(row.get(0).map(str::to_owned)),
-        _ => None,
-    });
-    match first {
-        Some(Some(value)) if value == "f" => Err("the check returned false".to_owned()),
-        Some(Some(value)) => Ok(value),
-        Some(None) => Ok("NULL".to_owned()),
-        None => Ok("no rows".to_owned()),
+    let rows = answer.map_err(|e| format!("the check failed: {}", sql_error(&e)))?;
+    let Some(row) = rows.first() else {
+        return Ok("no rows");
+    };
+    let Some(column) = row.columns().first() else {
+        return Ok("a row without columns");
+    };
+    if *column.type_() != tokio_postgres::types::Type::BOOL {
+        return Ok("a value that is not a boolean");
+    }
+    match row.try_get::<_, Option<bool>>(0) {
+        Ok(Some(true)) => Ok("true"),
+        Ok(Some(false)) => Err("the check returned false".to_owned()),
+        Ok(None) => Ok("NULL"),
+        Err(e) => Err(format!("reading the check's answer: {e}")),
     }
 }
 
@@ -175,14 +206,27 @@ async fn connect(config: &Config, database: &str) -> Result<tokio_postgres::Clie
     let password = config
         .credential(contract::SUPERUSER_PASSWORD_KEY)
         .map_err(|e| format!("credentials: {e}"))?;
+    connect_as(config, database, "postgres", &password).await
+}
+
+/// A session on this server, with no statement timeout (a cluster's
+/// `statement_timeout` must not fail the reading of a large table: the
+/// pod's deadline bounds the verification).
+async fn connect_as(
+    config: &Config,
+    database: &str,
+    user: &str,
+    password: &str,
+) -> Result<tokio_postgres::Client, String> {
     let mut settings = tokio_postgres::Config::new();
     settings
         .host("127.0.0.1")
         .port(config.port)
-        .user("postgres")
+        .user(user)
         .password(password)
         .dbname(database)
         .application_name("cairn-verify")
+        .options("-c statement_timeout=0")
         .connect_timeout(Duration::from_secs(10));
     let (client, connection) = settings
         .connect(tokio_postgres::NoTls)
@@ -194,14 +238,30 @@ async fn connect(config: &Config, database: &str) -> Result<tokio_postgres::Clie
 
 /// Writes the report where the backup controller reads it.
 pub fn write_report(path: &Path, report: &VerificationReport) -> Result<(), String> {
-    let text = serde_json::to_string(report).map_err(|e| e.to_string())?;
+    let text = serialize(report.clone())?;
     std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// At most [`MESSAGE_LIMIT`] bytes, cut at a character boundary.
-fn shorten(mut message: String) -> String {
-    if message.len() > MESSAGE_LIMIT {
-        let mut end = MESSAGE_LIMIT;
+/// The report as JSON within [`REPORT_LIMIT`] bytes (escaping can make the
+/// JSON longer than the message): the message shortened until it fits.
+fn serialize(mut report: VerificationReport) -> Result<String, String> {
+    loop {
+        let text = serde_json::to_string(&report).map_err(|e| e.to_string())?;
+        if text.len() <= REPORT_LIMIT || report.message.is_empty() {
+            return Ok(text);
+        }
+        let keep = report
+            .message
+            .len()
+            .saturating_sub(text.len() - REPORT_LIMIT + 16);
+        report.message = shorten(std::mem::take(&mut report.message), keep);
+    }
+}
+
+/// At most `limit` bytes and an ellipsis, cut at a character boundary.
+fn shorten(mut message: String, limit: usize) -> String {
+    if message.len() > limit {
+        let mut end = limit;
         while !message.is_char_boundary(end) {
             end -= 1;
         }
@@ -218,15 +278,20 @@ mod tests {
     #[test]
     fn a_long_message_fits_a_termination_message() {
         let long = "é".repeat(4000);
-        let short = shorten(long);
+        let short = shorten(long, MESSAGE_LIMIT);
         assert!(short.len() <= MESSAGE_LIMIT + '…'.len_utf8());
-        let report = VerificationReport {
-            message: short,
-            restored_lsn: Some("FFFFFFFF/FFFFFFFF".into()),
-            reason: RESTORE_FAILED.into(),
-            ..VerificationReport::default()
-        };
-        let json = serde_json::to_string(&report).expect("a report serializes");
-        assert!(json.len() < 4096);
+        // Quotes and control characters double or sextuple in JSON.
+        for message in [short, "\"".repeat(3000), "\u{1}".repeat(3000)] {
+            let report = VerificationReport {
+                message,
+                restored_lsn: Some("FFFFFFFF/FFFFFFFF".into()),
+                reason: RESTORE_FAILED.into(),
+                ..VerificationReport::default()
+            };
+            let json = serialize(report).expect("a report serializes");
+            assert!(json.len() <= REPORT_LIMIT, "{}", json.len());
+            let back: VerificationReport = serde_json::from_str(&json).expect("it parses");
+            assert_eq!(back.reason, RESTORE_FAILED);
+        }
     }
 }

@@ -326,8 +326,9 @@ async fn a_slow_backup_under_writes_keeps_the_wal_it_spans() -> Result {
 
 /// A throw-away instance verifies backup `manifest`: restored, replayed to
 /// the end of the backup, every table read, the user's check passing; a
-/// check that returns false, and the backup's data file altered in the
-/// bucket, are reported not verified with the reason.
+/// check that returns false or tries more than reading, and the backup's
+/// data file altered in the bucket, are reported not verified with the
+/// reason.
 async fn verifies_it_and_not_once_damaged(
     fixture: &Fixture,
     bucket: &str,
@@ -355,6 +356,29 @@ async fn verifies_it_and_not_once_damaged(
     assert!(!exit.success() && !report.verified, "{report:?}");
     assert_eq!(report.reason, "CheckFailed");
     assert!(report.message.contains("returned false"), "{report:?}");
+
+    // The check reads data, nothing else: not the server's files (the pod's
+    // credentials), not a second statement.
+    for (name, sql, refusal) in [
+        (
+            "verify4",
+            "SELECT pg_read_file('postgresql.conf') IS NOT NULL",
+            "permission denied",
+        ),
+        (
+            "verify5",
+            "SELECT true; DROP TABLE orders",
+            "multiple commands",
+        ),
+    ] {
+        let (exit, report) = verification(fixture, bucket, &manifest.id, name, sql, false).await?;
+        println!("a check beyond reading: {report:?}");
+        assert!(
+            !exit.success() && report.reason == "CheckFailed",
+            "{report:?}"
+        );
+        assert!(report.message.contains(refusal), "{report:?}");
+    }
 
     // One byte of the stored data file changed: the restore refuses it.
     let file = &manifest.files[0];

@@ -110,6 +110,7 @@ impl Supervisor {
                 }
             };
             if let Err(error) = prepared {
+                self.state.update(|s| s.failed_starts += 1);
                 let mut message = error.to_string();
                 if let Some(low) = self.check_volume() {
                     message = format!("{message}; {low}");
@@ -124,6 +125,7 @@ impl Supervisor {
             let mut postgres = match self.start_postgres() {
                 Ok(child) => child,
                 Err(message) => {
+                    self.state.update(|s| s.failed_starts += 1);
                     self.state.error(message);
                     self.state.phase(Phase::Retrying);
                     tokio::select! {
