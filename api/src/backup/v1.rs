@@ -395,8 +395,8 @@ pub struct BackupScheduleStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_recoverability_point: Option<Time>,
     /// `Ready` and `BackupsHealthy` (False when the last success is older
-    /// than two intervals, WAL archiving fails, or the bucket cannot be
-    /// read).
+    /// than two intervals, WAL archiving fails, the bucket cannot be read,
+    /// or the newest restore verification failed).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use cairn_api::backup::v1::{
     Backup, BackupPhase, BackupSchedule, BackupScheduleStatus, ConcurrencyPolicy,
-    PINNED_ANNOTATION, SCHEDULE_LABEL, SLOT_ANNOTATION,
+    PINNED_ANNOTATION, SCHEDULE_LABEL, SLOT_ANNOTATION, VERIFIED,
 };
 use cairn_api::common::{LocalObjectReference, Time};
 use cairn_runtime::conditions;
@@ -226,14 +226,17 @@ pub fn plan(
         newest_success,
         storage
             .archiving
-            .and(bucket.map_err(|why| ("BucketUnreadable", why))),
+            .and(bucket.map_err(|why| ("BucketUnreadable", why)))
+            .and(last_verification(backups)),
         now,
     );
     set("BackupsHealthy", healthy, reason, message);
+    // A verification's outcome comes after its Backup completed.
+    let verifying = backups.iter().any(|b| verification_pending(b));
     let recheck = next
         .map(|next| Duration::from_secs(next.duration_since(now).as_secs().max(1) as u64))
         .map(|until| {
-            if status.active.is_empty() {
+            if status.active.is_empty() && !verifying {
                 until
             } else {
                 until.min(WHILE_ACTIVE)
@@ -247,6 +250,42 @@ pub fn plan(
         status,
         recheck,
     }
+}
+
+/// The newest verification's outcome among the schedule's Backups: a
+/// backup that did not restore makes the schedule unhealthy until a newer
+/// one verifies.
+fn last_verification(backups: &[Arc<Backup>]) -> Result<(), (&'static str, String)> {
+    let newest = backups
+        .iter()
+        .filter_map(|b| {
+            let status = b.status.as_ref()?;
+            let condition = conditions::find(&status.conditions, VERIFIED)?;
+            let at = status.verification.as_ref()?.completed_at.as_ref()?.0;
+            (condition.status != "Unknown").then_some((at, b, condition))
+        })
+        .max_by_key(|(at, _, _)| *at);
+    match newest {
+        Some((_, backup, condition)) if condition.status == "False" => Err((
+            "VerificationFailed",
+            format!(
+                "Backup {} did not verify ({}): {}",
+                backup.name_any(),
+                condition.reason,
+                condition.message
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// A completed Backup whose verification has no outcome yet.
+fn verification_pending(backup: &Backup) -> bool {
+    backup.spec.verification.is_some()
+        && phase(backup) == Some(BackupPhase::Completed)
+        && backup.status.as_ref().is_none_or(|s| {
+            conditions::find(&s.conditions, VERIFIED).is_none_or(|c| c.status == "Unknown")
+        })
 }
 
 fn since_creation(schedule: &BackupSchedule) -> Option<Timestamp> {
@@ -635,6 +674,45 @@ mod tests {
             at("2026-11-26T12:00:00Z"),
         );
         assert_eq!(healthy(&blind), ("False".into(), "BucketUnreadable".into()));
+
+        // The newest verification failed: unhealthy until a newer one passes.
+        let verified = |name: &str, ok: bool, at: &str| {
+            let mut b = (*backup(name, "Completed", "2026-11-26T03:10:00Z")).clone();
+            b.spec.verification = Some(Default::default());
+            let status = b.status.as_mut().expect("status");
+            status.verification = Some(cairn_api::backup::v1::VerificationStatus {
+                completed_at: Some(Time(at.parse().expect("time"))),
+                ..Default::default()
+            });
+            let reason = if ok { "Verified" } else { "RestoreFailed" };
+            let condition = conditions::new(
+                VERIFIED,
+                ok,
+                reason,
+                "",
+                None,
+                Time(at.parse().expect("time")),
+            );
+            conditions::set(&mut status.conditions, condition);
+            Arc::new(b)
+        };
+        let bad = [verified("b1", false, "2026-11-26T03:20:00Z")];
+        let plan = plan_at(&nightly, &bad, "2026-11-26T12:00:00Z");
+        assert_eq!(
+            healthy(&plan),
+            ("False".into(), "VerificationFailed".into())
+        );
+        let fixed = [
+            verified("b1", false, "2026-11-26T03:20:00Z"),
+            verified("b2", true, "2026-11-26T04:20:00Z"),
+        ];
+        let plan = plan_at(&nightly, &fixed, "2026-11-26T12:00:00Z");
+        assert_eq!(healthy(&plan), ("True".into(), "BackupsRecent".into()));
+        // Pending: looked at again soon, not at the next slot.
+        let mut pending = (*backup("b3", "Completed", "2026-11-26T03:10:00Z")).clone();
+        pending.spec.verification = Some(Default::default());
+        let plan = plan_at(&nightly, &[Arc::new(pending)], "2026-11-26T12:00:00Z");
+        assert_eq!(plan.recheck, Some(WHILE_ACTIVE));
     }
 
     #[test]
