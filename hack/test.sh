@@ -4,7 +4,8 @@
 #      installs Debian's PostgreSQL server when missing (cairn-instance's tests)
 #      and the real nodes' packages (containerd, runc, CNI plugins, mmdebstrap, umoci);
 #   2. lints: cargo fmt, cargo clippy -D warnings, cargo deny (licenses, bans,
-#      sources), actionlint, helm lint, bash -n;
+#      sources), actionlint, helm lint, promtool (the alerts' checks and unit
+#      tests), bash -n;
 #   3. builds the images of the database pods and the controllers (hack/images.sh);
 #   4. starts a fresh local cluster in a temporary folder, with real nodes that
 #      get those images (stopped on exit, then checked for leftovers);
@@ -30,6 +31,15 @@ lint() {
   "$(hack/cargo-deny.sh)" --locked check licenses bans sources
   "$BIN/actionlint" .github/workflows/*.yml
   "$BIN/helm" lint --quiet charts/*/
+  # The alerts: valid, their unit tests passing (e2e/tests/alerts.rs checks
+  # that each alert has a firing and a silent test, and a runbook), and
+  # rendered into each chart's PrometheusRule.
+  local rules
+  for rules in charts/*/rules/alerts.yaml; do
+    "$BIN/promtool" check rules "$rules"
+    "$BIN/promtool" test rules "${rules%.yaml}.test.yaml"
+    "$BIN/helm" template "${rules%/rules/alerts.yaml}" --set prometheusRule.enabled=true >/dev/null
+  done
   local script
   for script in hack/*.sh hack/tools/*.sh .ci/run; do bash -n "$script"; done
 }

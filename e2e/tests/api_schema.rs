@@ -822,7 +822,7 @@ async fn kubectl_get_cairn_lists_every_kind_with_its_columns() -> Result {
         .collect();
     for expected in [
         "NAME INSTANCES READY PHASE PRIMARY AGE",
-        "NAME CLUSTER INSTANCE METHOD PHASE SIZE AGE",
+        "NAME CLUSTER INSTANCE METHOD PHASE SIZE VERIFIED AGE",
         "NAME SCHEDULE SUSPENDED LAST BACKUP NEXT HEALTHY",
         "NAME TYPE REGION READY AGE",
         "NAME EXTERNAL NAME READY SYNCED AGE",

@@ -14,6 +14,8 @@ KWOK_VERSION=${KWOK_VERSION:-v0.8.0}
 HELM_VERSION=${HELM_VERSION:-v3.22.0}
 ACTIONLINT_VERSION=${ACTIONLINT_VERSION:-v1.7.12}
 COREDNS_VERSION=${COREDNS_VERSION:-v1.15.0}
+# Prometheus 3.x's Go module is versioned v0.3xx.y (3.xx.y).
+PROMETHEUS_VERSION=${PROMETHEUS_VERSION:-v0.316.0}
 LOCAL_PATH_PROVISIONER_VERSION=${LOCAL_PATH_PROVISIONER_VERSION:-v0.0.30}
 GO_DIRECTIVE=${GO_DIRECTIVE:-1.26.0}
 
@@ -71,6 +73,11 @@ tidy kwok
 new_module helm cairn.dev/hack/tools/helm
 (cd helm && go get -tool "helm.sh/helm/v3/cmd/helm@${HELM_VERSION}")
 tidy helm
+
+# promtool: the alert rules' checks and unit tests.
+new_module prometheus cairn.dev/hack/tools/prometheus
+(cd prometheus && go get -tool "github.com/prometheus/prometheus/cmd/promtool@${PROMETHEUS_VERSION}")
+tidy prometheus
 
 new_module actionlint cairn.dev/hack/tools/actionlint
 (cd actionlint && go get -tool "github.com/rhysd/actionlint/cmd/actionlint@${ACTIONLINT_VERSION}")

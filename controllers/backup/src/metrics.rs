@@ -31,6 +31,7 @@ pub struct BackupMetrics {
     artifacts: IntCounterVec,
     verifications: IntCounterVec,
     schedule_times: GaugeVec,
+    schedule_healthy: IntGaugeVec,
 }
 
 /// The times `cairn_backup_schedule_timestamp_seconds` reports, by label.
@@ -47,7 +48,8 @@ impl BackupMetrics {
     /// `cairn_backup_finished_total{result,reason}`,
     /// `cairn_backup_duration_seconds`, `cairn_backup_size_bytes`,
     /// `cairn_backup_artifact_deletions_total{result}`,
-    /// `cairn_backup_verifications_total{result}` and
+    /// `cairn_backup_verifications_total{result}`,
+    /// `cairn_backup_schedule_healthy{namespace,schedule,reason}` and
     /// `cairn_backup_schedule_timestamp_seconds{namespace,schedule,time}`.
     pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
         let metrics = Self {
@@ -99,6 +101,15 @@ impl BackupMetrics {
                 ),
                 &["result"],
             )?,
+            schedule_healthy: IntGaugeVec::new(
+                Opts::new(
+                    "backup_schedule_healthy",
+                    "Per BackupSchedule: 1 when its BackupsHealthy condition is True, 0 when \
+                     False; reason is the condition's (BackupsStale, WALArchivingFailing, \
+                     VerificationFailed, ...).",
+                ),
+                &["namespace", "schedule", "reason"],
+            )?,
             schedule_times: GaugeVec::new(
                 Opts::new(
                     "backup_schedule_timestamp_seconds",
@@ -114,6 +125,7 @@ impl BackupMetrics {
         registry.register(Box::new(metrics.artifacts.clone()))?;
         registry.register(Box::new(metrics.verifications.clone()))?;
         registry.register(Box::new(metrics.schedule_times.clone()))?;
+        registry.register(Box::new(metrics.schedule_healthy.clone()))?;
         registry.register(Box::new(metrics.backups.clone()))?;
         registry.register(Box::new(metrics.finished.clone()))?;
         registry.register(Box::new(metrics.duration.clone()))?;
@@ -155,10 +167,17 @@ impl BackupMetrics {
     /// schedule deleted loses its series).
     pub fn refresh_schedules(&self, schedules: &[Arc<BackupSchedule>], backups: &[Arc<Backup>]) {
         self.schedule_times.reset();
+        self.schedule_healthy.reset();
         for schedule in schedules {
             let Some(status) = &schedule.status else {
                 continue;
             };
+            let namespace = schedule.namespace().unwrap_or_default();
+            if let Some(health) = conditions::find(&status.conditions, "BackupsHealthy") {
+                self.schedule_healthy
+                    .with_label_values(&[namespace.as_str(), &schedule.name_any(), &health.reason])
+                    .set(i64::from(health.status == "True"));
+            }
             let last_failure = newest(schedule, backups, |status| {
                 (status.phase == Some(BackupPhase::Failed)).then(|| status.completed_at.clone())?
             });
@@ -175,7 +194,6 @@ impl BackupMetrics {
             ];
             for (label, time) in SCHEDULE_TIMES.iter().zip(times) {
                 if let Some(time) = time {
-                    let namespace = schedule.namespace().unwrap_or_default();
                     self.schedule_times
                         .with_label_values(&[namespace.as_str(), &schedule.name_any(), label])
                         .set(time.0.as_millisecond() as f64 / 1000.0);

@@ -29,7 +29,7 @@ use support::{
 #[tokio::test]
 async fn a_deleted_backup_takes_its_files_and_only_the_wal_no_other_backup_needs() -> Result {
     let ns = cluster().namespace("backup-artifacts").await?;
-    let _controller = controller(&ns).await?;
+    let controller = controller(&ns).await?;
     let (reports, _heartbeat) = database_side(&ns).await?;
     let settings = settings(&ns);
 
@@ -69,6 +69,34 @@ async fn a_deleted_backup_takes_its_files_and_only_the_wal_no_other_backup_needs
     .await?;
     assert_eq!(window(&reported).0.as_deref(), Some(ended("old").as_str()));
     assert!(window(&reported).1 >= Some(ended("new").parse()?));
+    // What the alerts read, per schedule (refreshed every 10 s): its health
+    // and its window.
+    let line = |metrics: &str, name: &str, with: &str| {
+        metrics
+            .lines()
+            .find(|l| {
+                l.starts_with(&format!("{name}{{"))
+                    && l.contains(&format!("schedule=\"{schedule}\""))
+                    && l.contains(with)
+            })
+            .map(str::to_owned)
+    };
+    let exported = wait::until("the schedule's metrics", TIMEOUT, || async {
+        let metrics = controller.metrics().await.map_err(|e| e.to_string())?;
+        Ok(
+            line(&metrics, "cairn_backup_schedule_healthy", "reason=").zip(line(
+                &metrics,
+                "cairn_backup_schedule_timestamp_seconds",
+                "time=\"first_recoverability_point\"",
+            )),
+        )
+    })
+    .await?;
+    assert!(exported.0.ends_with(" 1"), "healthy: {}", exported.0);
+    let first: i64 = ended("old")
+        .parse::<k8s_openapi::jiff::Timestamp>()?
+        .as_second();
+    assert!(exported.1.ends_with(&format!(" {first}")), "{}", exported.1);
 
     // Delete: the folder goes, then WAL before segment 5 (the start of the
     // oldest backup left); the Retain backup and its WAL stay.
