@@ -21,9 +21,7 @@ use cairn_api::database::instance::{BackupProgressPhase, ObservedState};
 use cairn_testing::cluster;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
-use serde_json::json;
 use support::{Fixture, Instance, Result, database_size, pgbench};
 
 /// Segments switched one at a time for the latency figures.
@@ -31,10 +29,7 @@ const SEGMENTS: usize = 20;
 
 #[tokio::main]
 async fn main() -> Result {
-    let scale: u32 = std::env::args()
-        .skip(1)
-        .find_map(|a| a.parse().ok())
-        .unwrap_or(10);
+    let scale = support::scale_arg(10);
     let endpoint = std::env::var("CAIRN_BENCH_S3")?;
     let pgbackrest = std::env::var("CAIRN_BENCH_PGBACKREST")?;
     let bucket = format!("bench-{}", rand::random::<u32>());
@@ -77,7 +72,8 @@ async fn main() -> Result {
     // Base backups.
     let leases: Api<Lease> = ns.api();
     let started = Instant::now();
-    let backup = assign_backup(&ns, "bench").await?;
+    // To the primary: there is no standby.
+    let backup = support::assign_backup(&ns, "bench", "orders-0", "physical").await?;
     let uid = backup.uid().unwrap_or_default();
     let observed = support::until_observed_within(
         &leases,
@@ -283,19 +279,13 @@ impl PgBackRest {
     /// Runs `pgbackrest <args>` as the OS user `postgres` (it reads the
     /// data folder and connects over the socket as its owner).
     async fn run(&self, args: &[&str]) -> Result<String> {
-        let output = tokio::process::Command::new("runuser")
+        let mut command = tokio::process::Command::new("runuser");
+        command
             .args(["-u", "postgres", "--", &self.program])
             .arg(format!("--config={}", self.config.display()))
             .arg("--stanza=bench")
-            .args(args)
-            .output()
-            .await?;
-        let text = String::from_utf8_lossy(&output.stdout).into_owned()
-            + &String::from_utf8_lossy(&output.stderr);
-        if !output.status.success() {
-            return Err(format!("pgbackrest {args:?}: {text}").into());
-        }
-        Ok(text)
+            .args(args);
+        support::output_text(&mut command, &format!("pgbackrest {args:?}")).await
     }
 
     /// The repository size of the newest backup.
@@ -308,32 +298,4 @@ impl PgBackRest {
             .and_then(|b| b["info"]["repository"]["delta"].as_u64())
             .ok_or_else(|| "pgbackrest info: no backup size".into())
     }
-}
-
-/// Creates Backup `name` of cluster `orders` and hands it to the primary,
-/// as the backup controller does (there is no standby).
-async fn assign_backup(
-    ns: &cairn_testing::TestNamespace,
-    name: &str,
-) -> Result<cairn_api::backup::v1::Backup> {
-    let backups: Api<cairn_api::backup::v1::Backup> = ns.api();
-    let backup = serde_json::from_value(json!({
-        "apiVersion": "backup.cairn.dev/v1", "kind": "Backup",
-        "metadata": { "name": name },
-        "spec": { "cluster": { "name": "orders" }, "method": "physical" },
-    }))?;
-    let backup = backups.create(&PostParams::default(), &backup).await?;
-    let status = json!({
-        "apiVersion": "backup.cairn.dev/v1", "kind": "Backup",
-        "status": { "phase": "Running", "instance": "orders-0",
-                    "startedAt": k8s_openapi::jiff::Timestamp::now() },
-    });
-    backups
-        .patch_status(
-            name,
-            &PatchParams::apply("bench").force(),
-            &Patch::Apply(&status),
-        )
-        .await?;
-    Ok(backup)
 }

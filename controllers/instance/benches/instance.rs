@@ -14,10 +14,7 @@ use support::{Fixture, Result, database_size, pgbench};
 
 #[tokio::main]
 async fn main() -> Result {
-    let scale: u32 = std::env::args()
-        .skip(1)
-        .find_map(|a| a.parse().ok())
-        .unwrap_or(10);
+    let scale = support::scale_arg(10);
     let mut fixture = Fixture::new("bench", &[])?;
     // The default poll (tests poll faster): the idle cost below is production's.
     let primary_spec = fixture

@@ -21,7 +21,7 @@ use cairn_testing::faults::{Fault, FaultProxy, Rule};
 use cairn_testing::{TestNamespace, cluster, s3};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use support::{Fixture, Result};
@@ -87,29 +87,7 @@ async fn set_phase(ns: &TestNamespace, name: &str, phase: &str) -> Result {
 /// Creates Backup `name` of cluster `orders` and hands it to `instance`, as
 /// the backup controller does.
 async fn assign_backup(ns: &TestNamespace, name: &str, instance: &str) -> Result<Backup> {
-    assign(ns, name, instance, "physical").await
-}
-
-async fn assign(ns: &TestNamespace, name: &str, instance: &str, method: &str) -> Result<Backup> {
-    let backups: Api<Backup> = ns.api();
-    let backup: Backup = serde_json::from_value(json!({
-        "apiVersion": "backup.cairn.dev/v1", "kind": "Backup",
-        "metadata": { "name": name },
-        "spec": { "cluster": { "name": "orders" }, "method": method },
-    }))?;
-    let backup = backups.create(&PostParams::default(), &backup).await?;
-    let status = json!({
-        "apiVersion": "backup.cairn.dev/v1", "kind": "Backup",
-        "status": { "phase": "Running", "instance": instance, "startedAt": k8s_openapi::jiff::Timestamp::now() },
-    });
-    backups
-        .patch_status(
-            name,
-            &PatchParams::apply("backup-test").force(),
-            &Patch::Apply(&status),
-        )
-        .await?;
-    Ok(backup)
+    support::assign_backup(ns, name, instance, "physical").await
 }
 
 fn reports(backup: &Backup, phase: BackupProgressPhase) -> impl Fn(&ObservedState) -> bool {
@@ -565,7 +543,7 @@ async fn a_logical_backup_from_the_standby_loads_into_a_new_cluster_once() -> Re
     let leases: Api<Lease> = ns.api();
     until_replayed(&leases, &primary).await?;
 
-    let backup = assign(&ns, "dump", "orders-1", "logical").await?;
+    let backup = support::assign_backup(&ns, "dump", "orders-1", "logical").await?;
     let progress = until_completed(&leases, "orders-1", &backup).await?;
     println!("logical backup from the standby: {progress:?}");
     assert_eq!(

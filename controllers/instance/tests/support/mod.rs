@@ -810,7 +810,8 @@ impl Drop for Tmpfs {
 
 /// Runs pgbench against `instance` as the superuser (benchmarks).
 pub async fn pgbench(fixture: &Fixture, instance: &Instance, args: &[&str]) -> Result<String> {
-    let output = tokio::process::Command::new(postgres_bindir().join("pgbench"))
+    let mut command = Command::new(postgres_bindir().join("pgbench"));
+    command
         .args([
             "-h",
             "127.0.0.1",
@@ -821,15 +822,57 @@ pub async fn pgbench(fixture: &Fixture, instance: &Instance, args: &[&str]) -> R
         ])
         .args(args)
         .arg("postgres")
-        .env("PGPASSWORD", &fixture.credentials["superuser-password"])
-        .output()
-        .await?;
+        .env("PGPASSWORD", &fixture.credentials["superuser-password"]);
+    output_text(&mut command, &format!("pgbench {args:?}")).await
+}
+
+/// A program's stdout and stderr, or an error with both when it fails.
+pub async fn output_text(command: &mut Command, what: &str) -> Result<String> {
+    let output = command.output().await?;
     let text = String::from_utf8_lossy(&output.stdout).into_owned()
         + &String::from_utf8_lossy(&output.stderr);
     if !output.status.success() {
-        return Err(format!("pgbench {args:?}: {text}").into());
+        return Err(format!("{what}: {text}").into());
     }
     Ok(text)
+}
+
+/// A benchmark's scale: its first numeric argument, else `default`.
+pub fn scale_arg(default: u32) -> u32 {
+    std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Creates Backup `name` of cluster `orders` (`method`) and hands it to
+/// `instance`, as the backup controller does.
+pub async fn assign_backup(
+    ns: &TestNamespace,
+    name: &str,
+    instance: &str,
+    method: &str,
+) -> Result<cairn_api::backup::v1::Backup> {
+    let backups: Api<cairn_api::backup::v1::Backup> = ns.api();
+    let backup = serde_json::from_value(json!({
+        "apiVersion": "backup.cairn.dev/v1", "kind": "Backup",
+        "metadata": { "name": name },
+        "spec": { "cluster": { "name": "orders" }, "method": method },
+    }))?;
+    let backup = backups.create(&PostParams::default(), &backup).await?;
+    let status = json!({
+        "apiVersion": "backup.cairn.dev/v1", "kind": "Backup",
+        "status": { "phase": "Running", "instance": instance,
+                    "startedAt": k8s_openapi::jiff::Timestamp::now() },
+    });
+    backups
+        .patch_status(
+            name,
+            &kube::api::PatchParams::apply("backup-test").force(),
+            &kube::api::Patch::Apply(&status),
+        )
+        .await?;
+    Ok(backup)
 }
 
 /// Bytes of database `postgres` (benchmarks).
