@@ -178,6 +178,42 @@ async fn render_metrics(State(state): State<AdminState>) -> impl IntoResponse {
     metrics_text(state.metrics.render())
 }
 
+/// A blocking `GET url` (plain `http://host:port/path`, HTTP/1.0) that
+/// succeeds on status 200: the `--probe` mode of the controller binaries,
+/// run by the charts' `helm test` pod, before any runtime is started.
+pub fn probe(url: &str, timeout: Duration) -> Result<(), String> {
+    use std::io::{Read, Write};
+    use std::net::{TcpStream, ToSocketAddrs};
+
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or("only http:// URLs can be probed")?;
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let path = if path.is_empty() { "/" } else { path };
+    let address = authority
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {authority}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{authority} has no address"))?;
+    let mut stream = TcpStream::connect_timeout(&address, timeout)
+        .map_err(|e| format!("cannot connect to {address}: {e}"))?;
+    let io = |e: std::io::Error| format!("{address}: {e}");
+    stream.set_read_timeout(Some(timeout)).map_err(io)?;
+    stream.set_write_timeout(Some(timeout)).map_err(io)?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {authority}\r\n\r\n").map_err(io)?;
+    let mut answer = Vec::new();
+    stream.take(64 * 1024).read_to_end(&mut answer).map_err(io)?;
+    let answer = String::from_utf8_lossy(&answer);
+    let status = answer.lines().next().unwrap_or_default();
+    match status.split_whitespace().nth(1) {
+        Some("200") => Ok(()),
+        _ => Err(format!(
+            "answered {status:?}: {}",
+            answer.split("\r\n\r\n").nth(1).unwrap_or_default().trim()
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -260,5 +296,28 @@ mod tests {
         let (status, body) = get(&router, "/metrics").await;
         assert_eq!(status, StatusCode::OK);
         assert!(body.contains("# TYPE cairn_leader gauge"), "{body}");
+    }
+
+    /// `--probe` against the real server: refused until the caches sync.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn probe_passes_only_when_ready() {
+        let (health, router) = fixture(Duration::from_secs(60));
+        let listener = listen("127.0.0.1:0".parse().expect("address"))
+            .await
+            .expect("bind");
+        let url = format!("http://{}/readyz", listener.local_addr().expect("bound"));
+        tokio::spawn(serve(listener, router, std::future::pending()));
+        let probe_now = |url: String| {
+            tokio::task::spawn_blocking(move || probe(&url, Duration::from_secs(5)))
+        };
+        let refused = probe_now(url.clone()).await.expect("joined");
+        assert!(
+            refused.as_ref().is_err_and(|e| e.contains("503") && e.contains("caches not synced")),
+            "{refused:?}"
+        );
+        health.set_ready(true);
+        assert_eq!(probe_now(url).await.expect("joined"), Ok(()));
+        assert!(probe("https://x/readyz", Duration::from_secs(1)).is_err());
+        assert!(probe("http://127.0.0.1:1/readyz", Duration::from_secs(1)).is_err());
     }
 }

@@ -74,13 +74,32 @@ pub struct Config {
     /// OTLP endpoint for traces; tracing export is off if unset.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
+    /// Instead of running: GET this `http://host:port/path` and exit 0 if it
+    /// answers 200, 1 otherwise (the charts' `helm test` pod runs the
+    /// controller's own image this way, so it needs no image of its own).
+    #[arg(long, value_name = "URL")]
+    pub probe: Option<String>,
 }
 
 impl Config {
     /// The configuration from the command line and the environment; exits
     /// with a usage message naming the bad flag if one is invalid.
+    /// With `--probe URL`, probes and exits instead of returning.
     pub fn load() -> Self {
-        Self::parse()
+        let config = Self::parse();
+        if let Some(url) = &config.probe {
+            match crate::admin::probe(url, Duration::from_secs(10)) {
+                Ok(()) => {
+                    println!("{url}: 200 OK");
+                    std::process::exit(0);
+                }
+                Err(e) => {
+                    eprintln!("{url}: {e}");
+                    std::process::exit(1);
+                }
+            }
+        }
+        config
     }
 
     /// The retry policy for transient errors.
