@@ -13,6 +13,13 @@ use crate::common::{Condition, Time};
 /// become the primary: `kubectl annotate dbc NAME database.cairn.dev/switchover-to=POD`.
 pub const SWITCHOVER_ANNOTATION: &str = "database.cairn.dev/switchover-to";
 
+/// The annotation a user sets on a DatabaseCluster to an RFC 3339 time to
+/// restart every instance, as `kubectl rollout restart` does for a
+/// Deployment: the controller copies it into the pod template, so a new
+/// value rolls the pods the way any template change does (replicas first,
+/// one switchover, the old primary last). `kubectl cairn restart NAME` sets it.
+pub const RESTARTED_AT_ANNOTATION: &str = "database.cairn.dev/restartedAt";
+
 /// postgresql.conf settings Cairn sets itself: replication, paths, listening
 /// and TLS depend on them, so a user value would break the cluster.
 /// PostgreSQL matches parameter names case-insensitively, and so does the rule.

@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use cairn_api::backup::v1::{BackupMethod, S3Destination};
-use cairn_api::database::v1::{DEFAULT_FAILOVER_DELAY_SECONDS, DatabaseCluster, REPLICATION_USER};
+use cairn_api::database::v1::{
+    DEFAULT_FAILOVER_DELAY_SECONDS, DatabaseCluster, REPLICATION_USER, RESTARTED_AT_ANNOTATION,
+};
 use cairn_api::database::{instance, pod};
 use cairn_runtime::labels;
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
@@ -454,10 +456,7 @@ pub fn stateful_set(
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(pod_labels),
-                    annotations: Some(BTreeMap::from([(
-                        RESTART_DIGEST_ANNOTATION.to_owned(),
-                        restart_digest(cluster),
-                    )])),
+                    annotations: Some(pod_template_annotations(cluster)),
                     ..ObjectMeta::default()
                 }),
                 spec: Some(pod),
@@ -476,6 +475,21 @@ pub fn stateful_set(
         }),
         ..StatefulSet::default()
     }
+}
+
+/// The pod template's annotations: the restart digest and, when the user
+/// asked for a restart (`RESTARTED_AT_ANNOTATION` on the cluster), its time.
+/// Either changing gives the StatefulSet a new revision, which `rollout.rs`
+/// rolls through the instances.
+fn pod_template_annotations(cluster: &DatabaseCluster) -> BTreeMap<String, String> {
+    let mut annotations = BTreeMap::from([(
+        RESTART_DIGEST_ANNOTATION.to_owned(),
+        restart_digest(cluster),
+    )]);
+    if let Some(at) = cluster.annotations().get(RESTARTED_AT_ANNOTATION) {
+        annotations.insert(RESTARTED_AT_ANNOTATION.to_owned(), at.clone());
+    }
+    annotations
 }
 
 /// The claim templates of an existing StatefulSet.
@@ -931,6 +945,47 @@ mod tests {
         assert_ne!(
             restart_digest(&cluster(&[("shared_buffers", "256MB")])),
             restart_digest(&cluster(&[("SHARED_BUFFERS", "512MB")]))
+        );
+    }
+
+    #[test]
+    fn a_restart_request_changes_the_pod_template_and_nothing_else() {
+        let template =
+            |cluster: &DatabaseCluster| stateful_set(cluster, None).spec.expect("spec").template;
+        let plain = cluster(&[]);
+        let mut restarted = plain.clone();
+        restarted.annotations_mut().insert(
+            RESTARTED_AT_ANNOTATION.to_owned(),
+            "2026-11-26T12:00:00Z".to_owned(),
+        );
+        let before = template(&plain);
+        let after = template(&restarted);
+        assert_ne!(before, after, "a restart request is a new revision");
+        let annotations = after
+            .metadata
+            .and_then(|m| m.annotations)
+            .expect("annotations");
+        assert_eq!(
+            annotations.get(RESTARTED_AT_ANNOTATION).map(String::as_str),
+            Some("2026-11-26T12:00:00Z")
+        );
+        assert_eq!(
+            annotations.get(RESTART_DIGEST_ANNOTATION),
+            Some(&restart_digest(&plain)),
+            "the configuration digest is unchanged"
+        );
+        assert_eq!(before.spec, after.spec, "only the annotation differs");
+        // The same request again is the same template: no second roll.
+        let mut again = restarted.clone();
+        again.metadata.resource_version = Some("2".to_owned());
+        assert_eq!(template(&again), template(&restarted));
+        assert!(
+            !before
+                .metadata
+                .and_then(|m| m.annotations)
+                .expect("annotations")
+                .contains_key(RESTARTED_AT_ANNOTATION),
+            "no restart asked, no annotation"
         );
     }
 
