@@ -13,6 +13,7 @@ pub mod common;
 pub mod crds;
 #[allow(clippy::duplicated_attributes)]
 pub mod database;
+pub mod reference;
 pub mod validate;
 
 /// API group of `DatabaseCluster`, reconciled by cairn-database-controller.
