@@ -94,6 +94,7 @@ async fn a_rotated_certificate_and_ca_are_taken_up_without_a_restart() -> Result
         Some(cairn_runtime::webhook::CaInjection {
             client: admin.clone(),
             crds: vec![cairn_database_controller::webhook::CRD.to_owned()],
+            service: None,
         }),
     )
     .await?;

@@ -39,11 +39,11 @@ async fn conversions_work_with_certificates_the_controller_made() -> Result {
         service: None,
     });
     cairn_testing::crds::install(&ns.client, &[crd]).await?;
-    certs::inject_ca_bundle(ns.client.clone(), &[CRD], &pair.ca).await?;
+    certs::inject_ca_bundle(ns.client.clone(), &[CRD], &pair.ca, None).await?;
     let crds = Api::<CustomResourceDefinition>::all(ns.client.clone());
     let version = crds.get(CRD).await?.resource_version();
     // Injecting the same CA again writes nothing.
-    certs::inject_ca_bundle(ns.client.clone(), &[CRD], &pair.ca).await?;
+    certs::inject_ca_bundle(ns.client.clone(), &[CRD], &pair.ca, None).await?;
     assert_eq!(crds.get(CRD).await?.resource_version(), version);
 
     let old = Api::<DynamicObject>::namespaced_with(

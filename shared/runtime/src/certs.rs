@@ -249,22 +249,36 @@ fn ip_text(bytes: &[u8]) -> Option<String> {
 }
 
 /// Writes `ca` into the conversion webhook `caBundle` of each CRD in
-/// `crd_names` that does not already hold it (no write when it does).
+/// `crd_names` that does not already hold it (no write when it does), unless
+/// the CRD converts through a Service other than `own_service`.
 pub async fn inject_ca_bundle(
     client: Client,
     crd_names: &[&str],
     ca: &str,
+    own_service: Option<&str>,
 ) -> Result<(), kube::Error> {
     let crds = Api::<CustomResourceDefinition>::all(client);
     for name in crd_names {
         let crd = crds.get(name).await?;
-        let current = crd
+        let client_config = crd
             .spec
             .conversion
             .as_ref()
             .and_then(|c| c.webhook.as_ref())
-            .and_then(|w| w.client_config.as_ref())
-            .and_then(|c| c.ca_bundle.as_ref());
+            .and_then(|w| w.client_config.as_ref());
+        let target = client_config
+            .and_then(|c| c.service.as_ref())
+            .map(|s| format!("{}.{}.svc", s.name, s.namespace));
+        if let (Some(own), Some(target)) = (own_service, &target)
+            && own != target
+        {
+            // Another release of the chart (crds.install=false) serves its
+            // own webhook; the CRD's conversion goes to the release that
+            // installed it, whose CA must stay.
+            tracing::info!(crd = name, %target, own, "the CRD converts through another release's webhook: its caBundle is left alone");
+            continue;
+        }
+        let current = client_config.and_then(|c| c.ca_bundle.as_ref());
         if current.is_some_and(|bundle| bundle.0 == ca.as_bytes()) {
             continue;
         }

@@ -235,6 +235,7 @@ impl Manager {
                 let injection = webhook::CaInjection {
                     client: self.unguarded.clone(),
                     crds: crds.iter().map(|crd| (*crd).to_owned()).collect(),
+                    service: self.config.webhook_service.clone(),
                 };
                 webhook::start(
                     address,
@@ -259,9 +260,14 @@ impl Manager {
                     .unwrap_or(&default_host);
                 let pair = certs::ensure(self.unguarded.clone(), &self.namespace, &secret, &[host])
                     .await?;
-                certs::inject_ca_bundle(self.unguarded.clone(), crds, &pair.ca)
-                    .await
-                    .map_err(certs::CertError::from)?;
+                certs::inject_ca_bundle(
+                    self.unguarded.clone(),
+                    crds,
+                    &pair.ca,
+                    self.config.webhook_service.as_deref(),
+                )
+                .await
+                .map_err(certs::CertError::from)?;
                 webhook::start_with_pem(address, router, &pair.cert, &pair.key)
                     .await
                     .map_err(webhook_error)?

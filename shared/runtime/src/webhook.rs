@@ -45,6 +45,9 @@ impl WebhookServer {
 pub struct CaInjection {
     pub client: kube::Client,
     pub crds: Vec<String>,
+    /// This release's webhook Service (`<name>.<namespace>.svc`): a CRD
+    /// converted through another Service is left alone.
+    pub service: Option<String>,
 }
 
 impl CaInjection {
@@ -54,7 +57,8 @@ impl CaInjection {
             return Ok(None);
         };
         let crds: Vec<&str> = self.crds.iter().map(String::as_str).collect();
-        crate::certs::inject_ca_bundle(self.client.clone(), &crds, &ca).await?;
+        crate::certs::inject_ca_bundle(self.client.clone(), &crds, &ca, self.service.as_deref())
+            .await?;
         Ok(Some(ca))
     }
 }
