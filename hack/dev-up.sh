@@ -2,8 +2,9 @@
 # Brings up the local development environment: the Kubernetes cluster with
 # real nodes, three kwok nodes and the moto fake AWS (hack/local-cluster.sh),
 # reusing it if it already runs; builds the images (hack/images.sh) and gives
-# them to the nodes; installs every chart with Helm (the database and cloud
-# controllers run in pods in namespace cairn-system, watching cairn-samples);
+# them to the nodes; installs the umbrella chart charts/cairn with Helm as
+# release `cairn` (the three controllers run in pods in namespace
+# cairn-system, watching cairn-samples);
 # creates a sample of every kind in cairn-samples, the DatabaseCluster's
 # PostgreSQL running on the real nodes and archiving to a bucket in moto, the
 # ProviderConfig pointing at moto (with the DnsRecord's zone made there).
@@ -44,13 +45,26 @@ if "acme-db-backups" not in [b["Name"] for b in s3.list_buckets()["Buckets"]]:
 PY
 # A new image under the same tag must reach the running pods: the release
 # records the image's digest, so a rebuilt image rolls the Deployment.
-log "installing the charts"
+log "installing the umbrella chart"
+"$CAIRN_ROOT/hack/charts.sh" "$CAIRN_BIN/helm"
+# Releases of each controller chart by an earlier version of this script own
+# the CRDs: they give way to the umbrella release (the CRDs and the samples
+# stay: the CRDs are kept on uninstall).
 for chart in cairn-database-controller cairn-cloud-controller cairn-backup-controller; do
-  digest=$(sha256sum "$images/ghcr.io_cairn-dev_$chart.tar" | cut -c1-12)
-  helm upgrade --install "$chart" "$CAIRN_ROOT/charts/$chart" \
-    --namespace "$CONTROLLER_NAMESPACE" --set watchNamespace="$SAMPLES" --set image.pullPolicy=Never \
-    --set-string podAnnotations.cairn\\.dev/image-archive="$digest" --wait --timeout 3m >/dev/null
+  if helm status "$chart" --namespace "$CONTROLLER_NAMESPACE" >/dev/null 2>&1; then
+    helm uninstall "$chart" --namespace "$CONTROLLER_NAMESPACE" --wait >/dev/null
+    kubectl get crd -o name | grep 'cairn\.dev$' | xargs kubectl annotate --overwrite \
+      meta.helm.sh/release-name=cairn meta.helm.sh/release-namespace="$CONTROLLER_NAMESPACE" >/dev/null
+  fi
 done
+values=()
+for controller in database cloud backup; do
+  digest=$(sha256sum "$images/ghcr.io_cairn-dev_cairn-$controller-controller.tar" | cut -c1-12)
+  values+=(--set "$controller.watchNamespace=$SAMPLES" --set "$controller.image.pullPolicy=Never"
+    --set-string "$controller.podAnnotations.cairn\\.dev/image-archive=$digest")
+done
+helm upgrade --install cairn "$CAIRN_ROOT/charts/cairn" --namespace "$CONTROLLER_NAMESPACE" \
+  "${values[@]}" --wait --timeout 3m >/dev/null
 
 # The samples as they are, but for the DatabaseCluster's PostgreSQL version
 # and storage (here the one database image is Debian 12's PostgreSQL 15, and
@@ -77,7 +91,8 @@ Cairn local cluster is up: Kubernetes $KUBERNETES_VERSION, $CAIRN_REAL_NODES rea
   export KUBECONFIG=$KUBECONFIG
   export PATH=$CAIRN_BIN:\$PATH      # the pinned kubectl and helm
   kubectl get nodes -L type,topology.kubernetes.io/zone
-  kubectl -n $CONTROLLER_NAMESPACE get pods        # the database, cloud and backup controllers, installed by their charts
+  kubectl -n $CONTROLLER_NAMESPACE get pods        # the database, cloud and backup controllers (helm release cairn, charts/cairn)
+  helm -n $CONTROLLER_NAMESPACE test cairn          # each controller answers /readyz
   kubectl -n $SAMPLES get cairn                    # one sample of every Cairn kind
   kubectl -n $SAMPLES get dbc,pods,pvc,services    # the sample cluster's PostgreSQL (Ready in about a minute)
 

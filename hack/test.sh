@@ -32,7 +32,8 @@ lint() {
   cargo clippy --workspace --all-targets --locked -- -D warnings
   "$(hack/cargo-deny.sh)" --locked check licenses bans sources
   "$BIN/actionlint" .github/workflows/*.yml
-  "$BIN/helm" lint --quiet charts/*/
+  "$CAIRN_ROOT/hack/charts.sh" "$BIN/helm"
+  "$BIN/helm" lint --strict --quiet charts/*/
   # The alerts: valid, their unit tests passing (e2e/tests/alerts.rs checks
   # that each alert has a firing and a silent test, and a runbook), and
   # rendered into each chart's PrometheusRule.

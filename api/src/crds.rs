@@ -21,6 +21,12 @@ pub struct ChartCrds {
 /// Name of the conversion webhook Service in the database chart, as a Helm
 /// template expression (the committed CRD is a chart template).
 const CHART_WEBHOOK_SERVICE: &str = r#"{{ include "cairn.webhookService" . }}"#;
+/// The same Service seen from the cairn umbrella chart, whose database
+/// controller is its subchart `database` (charts/cairn/templates/_helpers.tpl).
+const UMBRELLA_WEBHOOK_SERVICE: &str = r#"{{ include "cairn-umbrella.databaseWebhookService" . }}"#;
+/// The umbrella chart: it installs every CRD itself (value `crds.install`),
+/// its controller subcharts none.
+pub const UMBRELLA_CHART: &str = "cairn";
 const CHART_NAMESPACE: &str = "{{ .Release.Namespace }}";
 
 /// Every CRD, grouped by the chart of its group, in a form that installs
@@ -53,23 +59,37 @@ pub fn by_chart() -> Vec<ChartCrds> {
 /// The CRDs as the charts ship them (`templates/crds/`): like [`by_chart`],
 /// except that DatabaseCluster also serves the deprecated v1alpha1, converted
 /// by cairn-database-controller's webhook Service (its name and namespace are
-/// Helm template expressions; the controller writes the caBundle).
+/// Helm template expressions; the controller writes the caBundle). The
+/// umbrella chart ships them all, its database CRD pointing at its
+/// subchart's Service.
 pub fn chart_files() -> Vec<ChartCrds> {
     let mut charts = by_chart();
+    let mut umbrella = Vec::new();
     for chart in &mut charts {
         if chart.chart == "cairn-database-controller" {
-            chart.crds = vec![database_cluster_with_conversion(WebhookClientConfig {
-                service: Some(ServiceReference {
-                    name: CHART_WEBHOOK_SERVICE.into(),
-                    namespace: CHART_NAMESPACE.into(),
-                    path: Some("/convert".into()),
-                    port: Some(443),
-                }),
-                ..WebhookClientConfig::default()
-            })];
+            chart.crds = vec![database_cluster_served_by(CHART_WEBHOOK_SERVICE)];
+            umbrella.push(database_cluster_served_by(UMBRELLA_WEBHOOK_SERVICE));
+        } else {
+            umbrella.extend(chart.crds.iter().cloned());
         }
     }
+    charts.push(ChartCrds {
+        chart: UMBRELLA_CHART,
+        crds: umbrella,
+    });
     charts
+}
+
+fn database_cluster_served_by(service: &str) -> CustomResourceDefinition {
+    database_cluster_with_conversion(WebhookClientConfig {
+        service: Some(ServiceReference {
+            name: service.into(),
+            namespace: CHART_NAMESPACE.into(),
+            path: Some("/convert".into()),
+            port: Some(443),
+        }),
+        ..WebhookClientConfig::default()
+    })
 }
 
 /// The DatabaseCluster CRD serving both v1 (stored) and the deprecated
@@ -130,10 +150,16 @@ pub fn chart_path(chart: &str, crd: &CustomResourceDefinition) -> PathBuf {
         .join(format!("{name}.yaml"))
 }
 
-/// The committed text of a CRD.
+/// The committed text of a CRD: a chart template, rendered only when the
+/// release installs CRDs (`crds.install`; in the umbrella chart, also only
+/// while the controller of the CRD's group is enabled: see the library
+/// chart's `cairn.crds.install`).
 pub fn to_yaml(crd: &CustomResourceDefinition) -> Result<String, serde_yaml_ng::Error> {
     Ok(format!(
-        "# Generated from the Rust types in api/ by `cargo run -p cairn-api --bin crdgen`; do not edit.\n{}",
+        "{{{{- if include \"cairn.crds.install\" (list . {:?}) }}}}\n\
+         # Generated from the Rust types in api/ by `cargo run -p cairn-api --bin crdgen`; do not edit.\n\
+         {}{{{{- end }}}}\n",
+        crd.spec.group,
         serde_yaml_ng::to_string(crd)?
     ))
 }

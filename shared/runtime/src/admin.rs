@@ -202,7 +202,10 @@ pub fn probe(url: &str, timeout: Duration) -> Result<(), String> {
     stream.set_write_timeout(Some(timeout)).map_err(io)?;
     write!(stream, "GET {path} HTTP/1.0\r\nHost: {authority}\r\n\r\n").map_err(io)?;
     let mut answer = Vec::new();
-    stream.take(64 * 1024).read_to_end(&mut answer).map_err(io)?;
+    stream
+        .take(64 * 1024)
+        .read_to_end(&mut answer)
+        .map_err(io)?;
     let answer = String::from_utf8_lossy(&answer);
     let status = answer.lines().next().unwrap_or_default();
     match status.split_whitespace().nth(1) {
@@ -307,12 +310,13 @@ mod tests {
             .expect("bind");
         let url = format!("http://{}/readyz", listener.local_addr().expect("bound"));
         tokio::spawn(serve(listener, router, std::future::pending()));
-        let probe_now = |url: String| {
-            tokio::task::spawn_blocking(move || probe(&url, Duration::from_secs(5)))
-        };
+        let probe_now =
+            |url: String| tokio::task::spawn_blocking(move || probe(&url, Duration::from_secs(5)));
         let refused = probe_now(url.clone()).await.expect("joined");
         assert!(
-            refused.as_ref().is_err_and(|e| e.contains("503") && e.contains("caches not synced")),
+            refused
+                .as_ref()
+                .is_err_and(|e| e.contains("503") && e.contains("caches not synced")),
             "{refused:?}"
         );
         health.set_ready(true);

@@ -11,6 +11,55 @@ pub fn chart_dir(name: &str) -> PathBuf {
 }
 
 impl LocalCluster {
+    /// Builds the charts' dependencies (`hack/charts.sh`: the library chart
+    /// into each controller chart, those into the umbrella), once per test
+    /// process, so a test renders the charts as they are in the work tree.
+    pub async fn build_chart_dependencies(&self) -> Result<(), Error> {
+        static BUILT: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+        BUILT
+            .get_or_try_init(|| async {
+                let output =
+                    tokio::process::Command::new(crate::repo_root().join("hack/charts.sh"))
+                        .arg(self.bin_dir().join("helm"))
+                        .output()
+                        .await
+                        .map_err(|e| Error::Setup(format!("hack/charts.sh: {e}")))?;
+                if !output.status.success() {
+                    return Err(Error::Setup(format!(
+                        "hack/charts.sh failed: {}",
+                        String::from_utf8_lossy(&output.stderr)
+                    )));
+                }
+                Ok(())
+            })
+            .await
+            .copied()
+    }
+
+    /// Runs the pinned helm against this cluster as the admin, the charts'
+    /// dependencies built; returns stdout and stderr, or an error with
+    /// stderr if it failed.
+    pub async fn helm(&self, args: &[&str]) -> Result<crate::cluster::KubectlOutput, Error> {
+        self.build_chart_dependencies().await?;
+        let output = tokio::process::Command::new(self.bin_dir().join("helm"))
+            .env("KUBECONFIG", self.state_dir().join("kubeconfig"))
+            .args(args)
+            .output()
+            .await
+            .map_err(|e| Error::Setup(format!("helm: {e}")))?;
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        if !output.status.success() {
+            return Err(Error::Setup(format!(
+                "helm {} failed: {stderr}",
+                args.join(" ")
+            )));
+        }
+        Ok(crate::cluster::KubectlOutput {
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr,
+        })
+    }
+
     /// `helm template RELEASE charts/CHART --namespace NAMESPACE ARGS…`,
     /// written to a file in the cluster's state folder; returns its path.
     pub async fn helm_template(
@@ -20,6 +69,7 @@ impl LocalCluster {
         namespace: &str,
         args: &[&str],
     ) -> Result<PathBuf, Error> {
+        self.build_chart_dependencies().await?;
         let output = tokio::process::Command::new(self.bin_dir().join("helm"))
             .args(["template", release])
             .arg(chart_dir(chart))
@@ -103,6 +153,7 @@ impl LocalCluster {
         namespace: &str,
         args: &[&str],
     ) -> Result<(), Error> {
+        self.build_chart_dependencies().await?;
         let crds = chart_dir(chart).join("templates/crds");
         let entries = std::fs::read_dir(&crds)
             .map_err(|e| Error::Setup(format!("{}: {e}", crds.display())))?;
