@@ -78,7 +78,7 @@ k8s_version_ldflags() {
 
 build etcd go.etcd.io/etcd/server/v3 "" etcd=go.etcd.io/etcd/server/v3
 build kwok sigs.k8s.io/kwok "-X sigs.k8s.io/kwok/pkg/consts.Version=$(pinned_version kwok sigs.k8s.io/kwok)" kwok=sigs.k8s.io/kwok/cmd/kwok
-build prometheus github.com/prometheus/prometheus "" promtool=github.com/prometheus/prometheus/cmd/promtool
+build prometheus github.com/prometheus/prometheus "" promtool=github.com/prometheus/prometheus/cmd/promtool prometheus=github.com/prometheus/prometheus/cmd/prometheus
 build helm helm.sh/helm/v3 "-X helm.sh/helm/v3/internal/version.version=$(pinned_version helm helm.sh/helm/v3) -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$(echo "$KUBERNETES_VERSION" | cut -d. -f2)" helm=helm.sh/helm/v3/cmd/helm
 build actionlint github.com/rhysd/actionlint "-X github.com/rhysd/actionlint.version=$(pinned_version actionlint github.com/rhysd/actionlint)" actionlint=github.com/rhysd/actionlint/cmd/actionlint
 build kubernetes k8s.io/kubernetes "$(k8s_version_ldflags)" \

@@ -74,9 +74,9 @@ new_module helm cairn.dev/hack/tools/helm
 (cd helm && go get -tool "helm.sh/helm/v3/cmd/helm@${HELM_VERSION}")
 tidy helm
 
-# promtool: the alert rules' checks and unit tests.
+# promtool (the alert rules' checks and unit tests) and the prometheus server (the dashboards' test).
 new_module prometheus cairn.dev/hack/tools/prometheus
-(cd prometheus && go get -tool "github.com/prometheus/prometheus/cmd/promtool@${PROMETHEUS_VERSION}")
+(cd prometheus && go get -tool "github.com/prometheus/prometheus/cmd/promtool@${PROMETHEUS_VERSION}" "github.com/prometheus/prometheus/cmd/prometheus@${PROMETHEUS_VERSION}")
 tidy prometheus
 
 new_module actionlint cairn.dev/hack/tools/actionlint
