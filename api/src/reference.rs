@@ -48,12 +48,15 @@ const KUBERNETES_TYPES: &[KubernetesType] = &[
     },
 ];
 
-/// The reference of every CRD the charts ship.
+/// The reference of every CRD the charts ship, each once (the umbrella
+/// chart ships the same CRDs as the controller charts).
 pub fn document() -> String {
-    let crds: Vec<_> = crate::crds::chart_files()
-        .into_iter()
-        .flat_map(|c| c.crds)
-        .collect();
+    let mut crds: Vec<CustomResourceDefinition> = Vec::new();
+    for crd in crate::crds::chart_files().into_iter().flat_map(|c| c.crds) {
+        if !crds.iter().any(|c| c.metadata.name == crd.metadata.name) {
+            crds.push(crd);
+        }
+    }
     render(&crds)
 }
 
@@ -940,7 +943,7 @@ properties:
                     "### {} `{}/{}`",
                     crd.spec.names.kind, crd.spec.group, version.name
                 );
-                assert!(doc.contains(&heading), "{heading} missing");
+                assert_eq!(doc.matches(&heading).count(), 1, "{heading}");
             }
         }
         // Every link into the document has its anchor.
