@@ -25,7 +25,7 @@ use cairn_testing::{Error, TestNamespace, cluster, repo_root, wait};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::Api;
 use kube::ResourceExt;
-use kube::api::{ListParams, PostParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use serde_json::Value;
 
 type Result<T = ()> = std::result::Result<T, Error>;
@@ -334,7 +334,25 @@ async fn kubectl_cairn_operates_a_cluster_on_the_real_nodes() -> Result {
     ok(&plugins, &ns, &["resume", CLUSTER])?;
     assert!(!clusters.get(CLUSTER).await?.spec.paused);
 
-    // report: the cluster, the logs, no password.
+    // report: the cluster, the logs, no password, even one pasted into an
+    // annotation of the cluster by mistake.
+    let secret = ns
+        .api::<Secret>()
+        .get(&format!("{CLUSTER}-credentials"))
+        .await?;
+    let data = secret.data.unwrap_or_default();
+    let app_password = data
+        .get(OWNER_PASSWORD_KEY)
+        .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+        .ok_or_else(|| setup("no app password"))?;
+    clusters
+        .patch(
+            CLUSTER,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "metadata": { "annotations": {
+                "example.com/note": format!("app password is {app_password}") } } })),
+        )
+        .await?;
     let bundle_dir = plugins.join("bundle");
     let archive = plugins.join("bundle.tar.gz");
     ok(
@@ -389,11 +407,10 @@ async fn kubectl_cairn_operates_a_cluster_on_the_real_nodes() -> Result {
         files.iter().any(|f| f.starts_with("objects/backups/")),
         "{files:?}"
     );
-    let secret = ns
-        .api::<Secret>()
-        .get(&format!("{CLUSTER}-credentials"))
-        .await?;
-    let data = secret.data.unwrap_or_default();
+    assert!(
+        read("cluster.yaml").contains("app password is <redacted>"),
+        "the pasted password is redacted"
+    );
     let mut checked = 0;
     for key in [OWNER_PASSWORD_KEY, SUPERUSER_PASSWORD_KEY] {
         let Some(value) = data.get(key) else { continue };
