@@ -51,14 +51,17 @@ pub async fn gather(target: &Target, name: &str) -> Result<(DatabaseCluster, Clu
     Ok((cluster, view))
 }
 
-/// A list that is empty when its kind is not installed (404).
+/// A list that is empty when its kind is not installed (404) or the
+/// account may not read it (403): the cluster's own facts still show.
 fn optional<K>(result: kube::Result<kube::api::ObjectList<K>>) -> Result<Vec<K>>
 where
     K: Clone,
 {
     match result {
         Ok(list) => Ok(list.items),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(Vec::new()),
+        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 403 => {
+            Ok(Vec::new())
+        }
         Err(e) => Err(explain(e)),
     }
 }
