@@ -59,9 +59,7 @@ where
 {
     match result {
         Ok(list) => Ok(list.items),
-        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 403 => {
-            Ok(Vec::new())
-        }
+        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 403 => Ok(Vec::new()),
         Err(e) => Err(explain(e)),
     }
 }
