@@ -311,6 +311,7 @@ impl Manager {
         let mut before_relist: Option<Vec<Arc<K>>> = None;
         let reflect = watcher(api, watch)
             .default_backoff()
+            .modify(trim_for_cache)
             .reflect(writer)
             .for_each(move |event| {
                 match event {
@@ -540,6 +541,21 @@ where
 /// the store now holds it, or the deleted one; after a relist, every object
 /// (as kube's shared stores do) and the ones the relist lacks (deleted while
 /// the watch was down).
+/// The annotation `kubectl apply` keeps a copy of the whole object in.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Drops what no controller reads before an object enters a cache: its
+/// managedFields (often larger than the rest of the object) and kubectl's
+/// copy of what was last applied. The controllers apply with server-side
+/// apply and never look at either.
+fn trim_for_cache<K: Resource>(object: &mut K) {
+    let meta = object.meta_mut();
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
+    }
+}
+
 fn changes_of<K>(
     event: &watcher::Event<K>,
     store: &Store<K>,
@@ -946,6 +962,35 @@ fn termination_signal() -> watch::Receiver<bool> {
 /// Completes once termination was requested.
 async fn terminated(mut signal: watch::Receiver<bool>) {
     let _ = signal.wait_for(|terminated| *terminated).await;
+}
+
+#[cfg(test)]
+mod trim_tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::ObjectMeta;
+
+    #[test]
+    fn a_cached_object_keeps_everything_but_managed_fields_and_last_applied() {
+        let mut map: ConfigMap = serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "a",
+                "annotations": { LAST_APPLIED: "{...}", "team": "data" },
+                "labels": { "app": "x" },
+                "managedFields": [{ "manager": "kubectl", "operation": "Apply" }],
+            },
+            "data": { "key": "value" },
+        }))
+        .expect("a ConfigMap");
+        let mut expected = map.clone();
+        expected.metadata = ObjectMeta {
+            managed_fields: None,
+            annotations: Some([("team".to_owned(), "data".to_owned())].into()),
+            ..map.metadata.clone()
+        };
+        trim_for_cache(&mut map);
+        assert_eq!(map, expected);
+    }
 }
 
 #[cfg(test)]
