@@ -251,8 +251,10 @@ pub struct VerificationStatus {
     /// The throw-away pod (deleted once done).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<String>,
+    /// When the verification pod was created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<Time>,
+    /// When the outcome was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completed_at: Option<Time>,
     /// Where the restored copy's WAL replay stopped (physical backups).
