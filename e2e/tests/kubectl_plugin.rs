@@ -286,7 +286,10 @@ async fn kubectl_cairn_operates_a_cluster_on_the_real_nodes() -> Result {
     );
     until_ready(&clusters).await?;
 
-    // restart: every pod replaced, the cluster Ready again.
+    // restart: every pod replaced, the cluster Ready again, the way a
+    // rollout goes: the replica first, then a switchover, the old primary
+    // last (so with two instances the primary moves).
+    let primary_before = current_primary(&clusters, CLUSTER).await?;
     let before = pod_uids(&ns).await?;
     let started = Instant::now();
     ok(
@@ -300,6 +303,23 @@ async fn kubectl_cairn_operates_a_cluster_on_the_real_nodes() -> Result {
         assert_ne!(after.get(pod), Some(uid), "{pod} was restarted");
     }
     let restarted = until_ready(&clusters).await?;
+    let status = restarted.status.clone().unwrap_or_default();
+    assert_ne!(
+        status.current_primary.as_deref(),
+        Some(primary_before.as_str()),
+        "the primary was not restarted in place"
+    );
+    let record = status.last_switchover.clone();
+    assert!(
+        record
+            .as_ref()
+            .is_some_and(|r| r.from == primary_before && r.completed_at.is_some()),
+        "the restart switched over from {primary_before}: {record:?}"
+    );
+    assert_eq!(
+        wait::condition_status(&restarted, "Degraded").as_deref(),
+        Some("False")
+    );
     eprintln!(
         "restart: every pod replaced and Ready in {:.1} s; primary {:?}",
         started.elapsed().as_secs_f64(),
