@@ -34,6 +34,11 @@ lint() {
   "$BIN/actionlint" .github/workflows/*.yml
   "$CAIRN_ROOT/hack/charts.sh" "$BIN/helm"
   "$BIN/helm" lint --strict --quiet charts/*/
+  # The optional objects, rendered and linted too.
+  "$BIN/helm" lint --strict --quiet charts/cairn-*-controller/ \
+    --set grafanaDashboards.enabled=true,serviceMonitor.enabled=true,networkPolicy.enabled=true
+  "$BIN/helm" lint --strict --quiet charts/cairn/ \
+    --set database.grafanaDashboards.enabled=true,backup.grafanaDashboards.enabled=true,cloud.grafanaDashboards.enabled=true
   # The alerts: valid, their unit tests passing (e2e/tests/alerts.rs checks
   # that each alert has a firing and a silent test, and a runbook), and
   # rendered into each chart's PrometheusRule.

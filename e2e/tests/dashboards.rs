@@ -218,7 +218,7 @@ async fn every_dashboard_panel_and_alert_answers_from_a_real_prometheus() -> Res
         }
     }
     alerts_parse_and_name_scraped_metrics(&prometheus, &scraped).await?;
-    schedule_labels(&prometheus).await?;
+    schedule_labels(&prometheus, &ns.name).await?;
     eprintln!("done in {:.0} s", started.elapsed().as_secs_f64());
     Ok(())
 }
@@ -1195,10 +1195,10 @@ async fn alerts_parse_and_name_scraped_metrics(
 }
 
 /// What the backup controller's per-schedule series look like once the
-/// chart's ServiceMonitor scraped them: the schedule's namespace label
-/// collides with the target's and, with honorLabels off, is renamed
-/// `exported_namespace` (the backups dashboard selects on that).
-async fn schedule_labels(prometheus: &Prometheus) -> Result {
+/// chart's ServiceMonitor scraped them: with honorLabels the schedule's own
+/// namespace label is kept (the alerts and the backups dashboard read it),
+/// not renamed `exported_namespace` beside the target's.
+async fn schedule_labels(prometheus: &Prometheus, namespace: &str) -> Result {
     let series = prometheus
         .query(&format!(
             "cairn_backup_schedule_healthy{{schedule=\"{SCHEDULE}\"}}"
@@ -1207,9 +1207,13 @@ async fn schedule_labels(prometheus: &Prometheus) -> Result {
     assert!(!series.is_empty(), "the schedule's health is scraped");
     for s in &series {
         eprintln!("  {}", s["metric"]);
+        assert_eq!(
+            s["metric"]["namespace"], namespace,
+            "the schedule's namespace: {s}"
+        );
         assert!(
-            !s["metric"]["exported_namespace"].is_null(),
-            "the schedule's namespace as exported_namespace: {s}"
+            s["metric"]["exported_namespace"].is_null(),
+            "no exported_namespace: {s}"
         );
     }
     Ok(())

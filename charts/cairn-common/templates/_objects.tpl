@@ -124,6 +124,10 @@ spec:
     - port: admin
       path: /metrics
       interval: {{ .Values.serviceMonitor.interval }}
+      # A series about a user's object carries that object's namespace
+      # (cairn_backup_schedule_healthy{namespace,schedule}): it wins over the
+      # controller pod's, which the other series keep.
+      honorLabels: true
 {{- end }}
 {{- end -}}
 
