@@ -1271,3 +1271,7 @@ mod tests {
         assert!(!decisions.is_behind(&cluster("orders-0")));
     }
 }
+
+#[cfg(test)]
+#[path = "reconcile_error_paths.rs"]
+mod error_paths;

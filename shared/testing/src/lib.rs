@@ -20,6 +20,7 @@ pub mod audit;
 mod cluster;
 pub mod crds;
 mod error;
+pub mod fake_api;
 pub mod faults;
 pub mod helm;
 pub mod https;

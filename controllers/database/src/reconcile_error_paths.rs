@@ -1,0 +1,223 @@
+//! Reconcile against an in-process fake API ([`cairn_testing::fake_api`])
+//! for what a real server seldom does on demand: a 409 on an apply, a 500 or
+//! a lost connection in the middle of the children, a conflicting status
+//! write. Each checks the retry class and that no status claims more than
+//! was done (the real-server suites prove the happy paths).
+
+use std::sync::Arc;
+
+use cairn_runtime::errors::ErrorClass;
+use cairn_runtime::manager::Classify;
+use cairn_testing::fake_api::{Answer, FakeApi, Fault, Recorded};
+use kube::runtime::events::Recorder;
+use kube::runtime::reflector::store;
+
+use super::*;
+use crate::fixtures;
+
+fn context(client: Client) -> Arc<Context> {
+    let caches = Caches {
+        stateful_sets: store().0,
+        services: store().0,
+        config_maps: store().0,
+        secrets: store().0,
+        service_accounts: store().0,
+        roles: store().0,
+        role_bindings: store().0,
+        disruption_budgets: store().0,
+        pods: store().0,
+        claims: store().0,
+        leases: store().0,
+    };
+    let metrics = ClusterMetrics::register(&prometheus::Registry::new()).expect("metrics");
+    Arc::new(Context::new(
+        client.clone(),
+        Recorder::new(client, MANAGER.into()),
+        caches,
+        metrics,
+    ))
+}
+
+const CLUSTER_PATH: &str = "/apis/database.cairn.dev/v1/namespaces/shop/databaseclusters/orders";
+
+/// The fake, holding `cluster` as the API server would.
+fn fake_with(cluster: &DatabaseCluster) -> (FakeApi, Client) {
+    let (fake, client) = FakeApi::new();
+    fake.put(
+        CLUSTER_PATH,
+        serde_json::to_value(cluster).expect("serializes"),
+    );
+    (fake, client)
+}
+
+/// A new cluster reconciled once against the fake with `fault`.
+async fn reconcile_with(fault: Option<Fault>) -> (Result<Recheck, Error>, Vec<Recorded>) {
+    let cluster = fixtures::cluster(3, &[]);
+    let (fake, client) = fake_with(&cluster);
+    if let Some(fault) = fault {
+        fake.inject(fault);
+    }
+    let result = reconcile(Arc::new(cluster), context(client)).await;
+    (result, fake.requests())
+}
+
+fn fault(method: &'static str, path: &str, answer: Answer) -> Option<Fault> {
+    Some(Fault {
+        method,
+        path: path.into(),
+        answer,
+        skip: 0,
+        times: 1,
+    })
+}
+
+fn status_writes(requests: &[Recorded]) -> Vec<&Recorded> {
+    requests.iter().filter(|r| r.is_status_write()).collect()
+}
+
+/// Without faults: every child applied, then one status write (the
+/// baseline the fault tests cut short).
+#[tokio::test]
+async fn a_new_cluster_applies_its_children_then_writes_its_status() {
+    let (result, requests) = reconcile_with(None).await;
+    assert!(result.is_ok(), "{result:?}");
+    let writes: Vec<String> = requests
+        .iter()
+        .filter(|r| r.is_write())
+        .map(ToString::to_string)
+        .collect();
+    for child in [
+        "/statefulsets/orders",
+        "/services/orders-rw",
+        "/configmaps/orders-config",
+    ] {
+        assert!(
+            writes.iter().any(|w| w.ends_with(child)),
+            "{child} applied: {writes:#?}"
+        );
+    }
+    let statuses = status_writes(&requests);
+    assert_eq!(statuses.len(), 1, "{writes:#?}");
+    assert_eq!(
+        requests
+            .iter()
+            .rposition(|r| r.is_write() && !r.path.contains("/events")),
+        requests.iter().rposition(Recorded::is_status_write),
+        "the status is the last write: {writes:#?}"
+    );
+}
+
+#[tokio::test]
+async fn a_conflict_on_an_apply_is_retried_and_no_status_is_written() {
+    let (result, requests) = reconcile_with(fault(
+        "PATCH",
+        "/statefulsets/orders",
+        Answer::Status(409, "Conflict"),
+    ))
+    .await;
+    let error = result.expect_err("the reconcile fails");
+    assert!(
+        matches!(&error, Error::Kube(kube::Error::Api(s)) if s.code == 409),
+        "{error:?}"
+    );
+    assert_eq!(error.class(), ErrorClass::Transient);
+    assert!(
+        status_writes(&requests).is_empty(),
+        "no status from a reconcile that did not finish: {requests:#?}"
+    );
+}
+
+#[tokio::test]
+async fn a_server_error_midway_stops_the_reconcile_before_the_status() {
+    let (result, requests) = reconcile_with(fault(
+        "PATCH",
+        "/services/orders-ro",
+        Answer::Status(500, "InternalError"),
+    ))
+    .await;
+    let error = result.expect_err("the reconcile fails");
+    assert_eq!(error.class(), ErrorClass::Transient, "{error:?}");
+    let failed = requests
+        .iter()
+        .position(|r| r.path.ends_with("/services/orders-ro"))
+        .expect("the failing request was made");
+    let after: Vec<String> = requests[failed + 1..]
+        .iter()
+        .filter(|r| r.is_write() && !r.path.contains("/events"))
+        .map(ToString::to_string)
+        .collect();
+    assert!(
+        after.is_empty(),
+        "nothing written after the failure: {after:#?}"
+    );
+    assert!(status_writes(&requests).is_empty());
+}
+
+#[tokio::test]
+async fn a_lost_connection_midway_is_transient() {
+    let (result, requests) = reconcile_with(fault(
+        "PATCH",
+        "/configmaps/orders-config",
+        Answer::ConnectionLost,
+    ))
+    .await;
+    let error = result.expect_err("the reconcile fails");
+    assert_eq!(error.class(), ErrorClass::Transient, "{error:?}");
+    assert!(status_writes(&requests).is_empty());
+}
+
+/// A status write that conflicts fails the reconcile (to be retried from a
+/// fresh cache), never counted as done.
+#[tokio::test]
+async fn a_conflicting_status_write_fails_the_reconcile() {
+    let (result, requests) = reconcile_with(fault(
+        "PATCH",
+        "/databaseclusters/orders/status",
+        Answer::Status(409, "Conflict"),
+    ))
+    .await;
+    let error = result.expect_err("the reconcile fails");
+    assert_eq!(error.class(), ErrorClass::Transient, "{error:?}");
+    assert_eq!(status_writes(&requests).len(), 1, "tried once");
+}
+
+/// An invalid spec is reported in the status and not retried with backoff,
+/// and nothing of the cluster is built.
+#[tokio::test]
+async fn an_invalid_spec_is_reported_and_builds_nothing() {
+    let mut cluster = fixtures::cluster(3, &[]);
+    cluster.spec.resources = Some(
+        serde_json::from_value(serde_json::json!({
+            "requests": { "cpu": "2" }, "limits": { "cpu": "1" },
+        }))
+        .expect("resources"),
+    );
+    let (fake, client) = fake_with(&cluster);
+    let result = reconcile(Arc::new(cluster), context(client)).await;
+    let error = result.expect_err("refused");
+    assert_eq!(error.class(), ErrorClass::InvalidSpec, "{error:?}");
+    let writes: Vec<String> = fake
+        .writes()
+        .iter()
+        .filter(|r| !r.path.contains("/events"))
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        writes,
+        ["PATCH /apis/database.cairn.dev/v1/namespaces/shop/databaseclusters/orders/status"],
+        "only the status saying why"
+    );
+    let status = &fake
+        .requests()
+        .into_iter()
+        .find(Recorded::is_status_write)
+        .expect("a status write")
+        .body["status"];
+    let ready = status["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(ready["status"], "False", "{status}");
+    assert_eq!(ready["reason"], "InvalidSpec", "{status}");
+}
