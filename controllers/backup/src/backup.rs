@@ -524,3 +524,7 @@ mod tests {
         assert!(!ahead_of(&done, &hourly));
     }
 }
+
+#[cfg(test)]
+#[path = "backup_error_paths.rs"]
+mod error_paths;
