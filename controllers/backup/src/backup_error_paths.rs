@@ -99,7 +99,7 @@ fn finished_count(registry: &prometheus::Registry) -> f64 {
     registry
         .gather()
         .iter()
-        .filter(|family| family.get_name() == "cairn_backup_finished_total")
+        .filter(|family| family.name() == "cairn_backup_finished_total")
         .flat_map(|family| family.get_metric())
         .map(|metric| metric.get_counter().get_value())
         .sum()
