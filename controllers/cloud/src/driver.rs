@@ -653,3 +653,7 @@ impl Report {
         Ok(())
     }
 }
+
+#[cfg(test)]
+#[path = "driver_error_paths.rs"]
+mod error_paths;
