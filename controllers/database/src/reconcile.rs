@@ -1008,17 +1008,18 @@ async fn ensure_tls(ctx: &Context, cluster: &DatabaseCluster) -> Result<SystemTi
                     desired.metadata.resource_version = current.resource_version();
                     api.replace(&names.server_tls, &PostParams::default(), &desired)
                         .await?;
+                    publish(
+                        ctx,
+                        cluster,
+                        EventType::Normal,
+                        "IssuedServerCertificate",
+                        format!("Issued a new server certificate ({why}); the instances reload it without a restart"),
+                    )
+                    .await;
                 }
+                // A new cluster's first certificate is no news.
                 None => create_once(&api, &desired).await?,
             }
-            publish(
-                ctx,
-                cluster,
-                EventType::Normal,
-                "IssuedServerCertificate",
-                format!("Issued a new server certificate ({why}); the instances reload it without a restart"),
-            )
-            .await;
             now + (tls::SERVER_VALIDITY - tls::RENEW_BEFORE)
         }
     };
@@ -1169,7 +1170,12 @@ async fn write_status(
         let Some(current) = status::condition(Some(&status), type_) else {
             continue;
         };
-        if let Some(event) = events::on_transition(status::condition(previous, type_), current)
+        let before = status::condition(previous, type_);
+        // A new cluster's instances are not ready yet: expected, no Warning.
+        if before.is_none() && current.reason == status::reason::INSTANCES_NOT_READY {
+            continue;
+        }
+        if let Some(event) = events::on_transition(before, current)
             && let Err(e) = ctx.recorder.publish(&event, &reference).await
         {
             // An Event is a courtesy; losing one must not fail the reconcile.

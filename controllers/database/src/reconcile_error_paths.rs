@@ -2,7 +2,8 @@
 //! for what a real server seldom does on demand: a 409 on an apply, a 500 or
 //! a lost connection in the middle of the children, a conflicting status
 //! write. Each checks the retry class and that no status claims more than
-//! was done (the real-server suites prove the happy paths).
+//! was done (the real-server suites prove the happy paths). And what a new
+//! cluster's first reconcile costs: each object written once, no Event.
 
 use std::sync::Arc;
 
@@ -220,4 +221,27 @@ async fn an_invalid_spec_is_reported_and_builds_nothing() {
         .unwrap_or_default();
     assert_eq!(ready["status"], "False", "{status}");
     assert_eq!(ready["reason"], "InvalidSpec", "{status}");
+}
+
+/// A new single-instance cluster's first reconcile writes each object once
+/// and announces nothing: its first conditions (not ready yet, creating,
+/// not degraded) and its first certificate are no news.
+#[tokio::test]
+async fn a_new_cluster_writes_each_object_once_and_no_event() {
+    let cluster = fixtures::cluster(1, &[]);
+    let (fake, client) = fake_with(&cluster);
+    reconcile(Arc::new(cluster), context(client))
+        .await
+        .expect("reconciled");
+    let writes: Vec<String> = fake.writes().iter().map(ToString::to_string).collect();
+    assert!(
+        !writes.iter().any(|w| w.contains("/events")),
+        "no Event: {writes:#?}"
+    );
+    let mut distinct = writes.clone();
+    distinct.sort();
+    distinct.dedup();
+    // Three Secrets are created by POST to one path: the rest once each.
+    assert_eq!(writes.len(), distinct.len() + 2, "{writes:#?}");
+    assert_eq!(writes.len(), 15, "{writes:#?}");
 }

@@ -8,7 +8,10 @@ use crate::conditions::Condition;
 
 /// The Event announcing `current`, if it differs from `previous` (the
 /// condition of the same type before this reconcile). A condition turning
-/// False is a Warning when its type is one where True is healthy.
+/// False is a Warning when its type is one where True is healthy. A
+/// condition's first appearance is announced only when it is a problem: a
+/// new object's healthy conditions (`Degraded=False`, `Progressing=True`)
+/// are no news, and every Event is a write.
 pub fn on_transition(previous: Option<&Condition>, current: &Condition) -> Option<Event> {
     if previous.is_some_and(|p| p.status == current.status && p.reason == current.reason) {
         return None;
@@ -18,6 +21,9 @@ pub fn on_transition(previous: Option<&Condition>, current: &Condition) -> Optio
         "Degraded" | "Stalled" => current.status != "True",
         _ => current.status != "False",
     };
+    if previous.is_none() && healthy {
+        return None;
+    }
     Some(Event {
         type_: if healthy {
             EventType::Normal
@@ -51,11 +57,18 @@ mod tests {
 
     #[test]
     fn only_transitions_make_events() {
+        let creating = new("Ready", false, "Creating", "0/3", Some(1), at(0));
         let ready = new("Ready", true, "Running", "3/3", Some(1), at(1));
-        let event = on_transition(None, &ready).expect("first observation");
+        let event = on_transition(Some(&creating), &ready).expect("a transition");
         assert_eq!(event.type_, EventType::Normal);
         assert_eq!(event.reason, "Running");
         assert_eq!(event.action, "SetReady");
+        assert!(
+            on_transition(None, &ready).is_none(),
+            "a healthy first appearance is no news"
+        );
+        let healthy = new("Degraded", false, "Healthy", "", None, at(1));
+        assert!(on_transition(None, &healthy).is_none());
 
         let same = new("Ready", true, "Running", "3/3 again", Some(2), at(2));
         assert!(
