@@ -14,12 +14,12 @@
 use std::io::Read;
 use std::process::Command;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use cairn_api::backup::v1::{Backup, BackupMethod, BackupPhase};
 use cairn_api::database::instance::{self as contract, BackupProgress, BackupProgressPhase};
 use cairn_storage::layout::{BASE_BACKUP_DATA, DUMP_DATA};
-use cairn_storage::{BackupId, BaseBackups, Manifest};
+use cairn_storage::{BackupId, BaseBackups, Manifest, WalArchive, WalName};
 use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
@@ -28,6 +28,7 @@ use tokio::sync::watch;
 
 use crate::children::Children;
 use crate::config::Config;
+use crate::observe::Role;
 use crate::state::State;
 
 /// The Backup assigned to this instance.
@@ -93,6 +94,9 @@ pub struct Taker {
     pub backups: BaseBackups,
     /// Where logical backups go.
     pub dumps: BaseBackups,
+    /// The cluster's WAL archive: a base backup is complete once the WAL
+    /// it ends in is there.
+    pub archive: WalArchive,
     pub cluster: String,
     pub state: Arc<State>,
     pub children: Children,
@@ -260,6 +264,12 @@ impl Taker {
                 }
             }
         };
+        if method == BackupMethod::Physical
+            && let Err(message) = self.until_end_archived(id, &range).await
+        {
+            let _ = store.delete(id).await;
+            return Err(message);
+        }
         progress.stored_bytes = file.compressed_bytes;
         let manifest = Manifest {
             id: id.to_string(),
@@ -279,6 +289,118 @@ impl Taker {
             .await
             .map_err(|e| e.summary())?;
         Ok(manifest)
+    }
+
+    /// Waits until the archive holds the WAL file the backup ends in and
+    /// a record after its end, so that the backup restores from the bucket
+    /// alone. A restore to the end of the backup (`recovery_target =
+    /// immediate`) stops at the first record it reads once consistent: the
+    /// tar's copy of the last WAL file ends with the backup's last record
+    /// when nothing was written since (an idle primary, a backup from its
+    /// standby), and that restore fails. So, as pgBackRest and Barman do,
+    /// the primary writes a restore point and switches WAL files, and the
+    /// manifest is written only once the files from the backup's end to
+    /// that switch are archived (the Backup's deadline bounds the wait).
+    async fn until_end_archived(&self, id: &BackupId, range: &WalRange) -> Result<(), String> {
+        let end =
+            contract::parse_lsn(&range.end).ok_or_else(|| format!("not an LSN: {}", range.end))?;
+        let mut attempt = 0;
+        let switched = loop {
+            match self.switch_primary_wal(id).await {
+                Ok(name) => break name,
+                Err(e) if attempt < SWITCH_ATTEMPTS => {
+                    attempt += 1;
+                    tracing::warn!(error = %e, "cannot make the primary switch WAL files; retrying");
+                    tokio::time::sleep(self.config.poll().max(Duration::from_secs(1))).await;
+                }
+                Err(e) => return Err(format!("the backup's end cannot be archived: {e}")),
+            }
+        };
+        let mut waiting = needed_segments(range.timeline, end, &switched)?;
+        let first = waiting
+            .first()
+            .map(|w| w.names[0].to_string())
+            .unwrap_or_default();
+        tracing::info!(%first, last = %switched, "waiting until the WAL the backup ends in is archived");
+        while !waiting.is_empty() {
+            let mut still = Vec::new();
+            for segment in waiting {
+                let mut archived = false;
+                for name in &segment.names {
+                    archived |= self.archive.contains(name).await.map_err(|e| e.summary())?;
+                }
+                if !archived {
+                    still.push(segment);
+                }
+            }
+            waiting = still;
+            if !waiting.is_empty() {
+                tokio::time::sleep(self.config.poll().min(Duration::from_secs(1))).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// On the primary (this server when it is the primary): a restore
+    /// point named after the backup (a record after the backup's end, even
+    /// when nothing else was written), then a switch to a new WAL file.
+    /// The name of the WAL file the switch completed.
+    async fn switch_primary_wal(&self, id: &BackupId) -> Result<String, String> {
+        let password = self
+            .config
+            .credential(contract::SUPERUSER_PASSWORD_KEY)
+            .map_err(|e| format!("superuser credentials: {e}"))?;
+        let local = self.state.status().role == Some(Role::Primary);
+        let host = if local {
+            "127.0.0.1".to_owned()
+        } else {
+            self.config
+                .primary_host()
+                .ok_or("no primary host to switch WAL files on")?
+        };
+        let mut config = tokio_postgres::Config::new();
+        config
+            .host(&host)
+            .port(if local {
+                self.config.port
+            } else {
+                self.config.primary_port
+            })
+            .user("postgres")
+            .password(password)
+            .dbname("postgres")
+            .application_name("cairn-backup")
+            .options("-c statement_timeout=10000")
+            .connect_timeout(Duration::from_secs(10));
+        let client = if local {
+            let (client, connection) = config
+                .connect(tokio_postgres::NoTls)
+                .await
+                .map_err(|e| format!("connecting to this server: {e}"))?;
+            tokio::spawn(connection);
+            client
+        } else {
+            let tls = crate::tls::Tls::new(&self.config.tls_dir, &self.config.run_dir)
+                .connector()
+                .map_err(|e| e.to_string())?;
+            let (client, connection) = config
+                .ssl_mode(tokio_postgres::config::SslMode::Require)
+                .connect(tls)
+                .await
+                .map_err(|e| format!("connecting to the primary {host}: {e}"))?;
+            tokio::spawn(connection);
+            client
+        };
+        let point: String = format!("cairn-backup-{id}").chars().take(63).collect();
+        client
+            .execute("SELECT pg_create_restore_point($1)", &[&point])
+            .await
+            .map_err(|e| format!("writing a restore point on {host}: {e}"))?;
+        let row = client
+            .query_one("SELECT pg_walfile_name(pg_switch_wal())", &[])
+            .await
+            .map_err(|e| format!("switching WAL files on {host}: {e}"))?;
+        Ok(row.get(0))
     }
 
     /// pg_dump of the application database, custom format uncompressed
@@ -413,6 +535,59 @@ impl WalRange {
     }
 }
 
+/// How many times the switch on the primary is tried again before the
+/// backup fails.
+const SWITCH_ATTEMPTS: u32 = 5;
+
+/// 16 MiB WAL files: 256 per log file.
+const SEGMENT_BYTES: u64 = 16 * 1024 * 1024;
+
+/// One WAL file to wait for, under the names it may be archived as (the
+/// backup's timeline, or the primary's when it is on a later one).
+#[derive(Debug, PartialEq, Eq)]
+struct Needed {
+    names: Vec<WalName>,
+}
+
+/// The WAL files from the one holding `end` (where the next record starts)
+/// to `switched`, the file the primary's switch completed (on its
+/// timeline; a file before the backup's end when the primary had
+/// nothing to switch).
+fn needed_segments(timeline: u32, end: u64, switched: &str) -> Result<Vec<Needed>, String> {
+    let invalid = || format!("not a WAL file name: {switched}");
+    let part = |range: std::ops::Range<usize>| {
+        switched
+            .get(range)
+            .and_then(|p| u64::from_str_radix(p, 16).ok())
+    };
+    if switched.len() != 24 {
+        return Err(invalid());
+    }
+    let primary_timeline = part(0..8).ok_or_else(invalid)?;
+    let last = part(8..16).ok_or_else(invalid)? * 256 + part(16..24).ok_or_else(invalid)?;
+    let first = end / SEGMENT_BYTES;
+    (first..=last.max(first))
+        .map(|segment| {
+            let mut timelines = vec![u64::from(timeline)];
+            if primary_timeline != u64::from(timeline) {
+                timelines.push(primary_timeline);
+            }
+            let names = timelines
+                .into_iter()
+                .map(|t| {
+                    WalName::parse(&format!(
+                        "{t:08X}{:08X}{:08X}",
+                        segment / 256,
+                        segment % 256
+                    ))
+                    .map_err(|e| e.to_string())
+                })
+                .collect::<Result<_, _>>()?;
+            Ok(Needed { names })
+        })
+        .collect()
+}
+
 fn last_lines(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
     lines[lines.len().saturating_sub(n)..].join(" / ")
@@ -442,6 +617,44 @@ mod tests {
             WalRange::parse("pg_basebackup: error: connection refused"),
             None
         );
+    }
+
+    #[test]
+    fn the_wal_to_wait_for_runs_from_the_backups_end_to_the_switched_file() {
+        let names = |needed: Vec<Needed>| -> Vec<Vec<String>> {
+            needed
+                .into_iter()
+                .map(|n| n.names.iter().map(ToString::to_string).collect())
+                .collect()
+        };
+        // The backup ends in file 3, the switch completed file 3.
+        let end = contract::parse_lsn("0/3048AE8").expect("lsn");
+        assert_eq!(
+            names(needed_segments(1, end, "000000010000000000000003").expect("needed")),
+            [["000000010000000000000003"]]
+        );
+        // The primary was ahead: every file from the end's to the switched.
+        assert_eq!(
+            names(needed_segments(1, end, "000000010000000000000005").expect("needed")),
+            [
+                ["000000010000000000000003"],
+                ["000000010000000000000004"],
+                ["000000010000000000000005"]
+            ]
+        );
+        // The end at a file's first byte: the next record is in that file,
+        // even if the switch (nothing to switch) names the one before.
+        let boundary = contract::parse_lsn("1/00000000").expect("lsn");
+        assert_eq!(
+            names(needed_segments(2, boundary, "0000000200000000000000FF").expect("needed")),
+            [["000000020000000100000000"]]
+        );
+        // The primary on a later timeline: either name will do.
+        assert_eq!(
+            names(needed_segments(1, end, "000000020000000000000003").expect("needed")),
+            [["000000010000000000000003", "000000020000000000000003"]]
+        );
+        assert!(needed_segments(1, end, "not a file").is_err());
     }
 
     fn backup(name: &str, phase: &str, instance: &str, started: &str) -> Backup {

@@ -335,6 +335,7 @@ fn start_backups(
         config: Arc::new(config.clone()),
         backups,
         dumps: cairn_storage::BaseBackups::dumps(&settings, &cluster),
+        archive: cairn_storage::WalArchive::new(&settings, &cluster),
         cluster,
         state: state.clone(),
         children: children.clone(),

@@ -302,6 +302,86 @@ async fn a_slow_backup_under_writes_keeps_the_wal_it_spans() -> Result {
     fixture.passed()
 }
 
+/// A backup of a database that nobody writes to: its standby's backup ends
+/// in the primary's current WAL file, which an idle primary never
+/// completes, so never archives. The backup is restorable all the same,
+/// verified and restored to its end from the bucket.
+#[tokio::test]
+async fn a_backup_of_an_idle_database_restores() -> Result {
+    let ns = cluster().namespace("instance-backup-idle").await?;
+    let mut fixture = Fixture::new("backup-idle", &[])?;
+    let bucket = new_bucket().await?;
+    let endpoint = cluster_endpoint();
+    let (primary, standby) = primary_and_standby(&ns, &fixture, &endpoint, &bucket).await?;
+    let app = primary.app().await?;
+    app.batch_execute(
+        "CREATE TABLE orders (id int PRIMARY KEY, note text);
+         INSERT INTO orders SELECT i, md5(i::text) FROM generate_series(1, 1000) i;",
+    )
+    .await?;
+    drop(app);
+    // A checkpoint, replayed: the standby's restartpoint at the backup's
+    // start then leaves nothing after the backup's end in its WAL.
+    primary.sql().await?.batch_execute("CHECKPOINT").await?;
+    let leases: Api<Lease> = ns.api();
+    until_replayed(&leases, &primary).await?;
+    // No writes from here on.
+    let backup = assign_backup(&ns, "idle", "orders-1").await?;
+    let progress = until_completed(&leases, "orders-1", &backup).await?;
+    println!("a backup of an idle database: {progress:?}");
+    let catalog = base_backups(&bucket).catalog().await?;
+    let manifest = &catalog[0];
+    let end = parse_lsn(&manifest.end_lsn).ok_or("an end LSN")?;
+    let archived = cairn_storage::WalArchive::new(&moto(&bucket), "orders")
+        .list()
+        .await?;
+    println!(
+        "the backup ends at {} (segment {:X}); archived: {archived:?}",
+        manifest.end_lsn,
+        end >> 24
+    );
+
+    let (exit, report) = verification(
+        &fixture,
+        &bucket,
+        &manifest.id,
+        "verify",
+        "SELECT count(*) = 1000 FROM orders",
+        false,
+    )
+    .await?;
+    println!("verified: {report:?}");
+    assert!(exit.success() && report.verified, "{report:?}");
+
+    // A new cluster restored to the end of the backup.
+    let spec = fixture.instance("copy-0", "primary")?;
+    let spec = fixture
+        .archiving_to(spec, &endpoint, &bucket)?
+        .env("CAIRN_CLUSTER", "copy")
+        .env("CAIRN_MEMBERSHIP", "false")
+        .env("CAIRN_RESTORE_CLUSTER", "orders")
+        .env("CAIRN_RESTORE_BACKUP_ID", &manifest.id)
+        .env("CAIRN_RESTORE_TARGET_END_OF_BACKUP", "true");
+    let restored = fixture.start(&spec)?;
+    if let Err(e) = restored.wait_ready(Duration::from_secs(120)).await {
+        return Err(format!("{e}; its log:\n{}", tail(&restored.log_text(), 40)).into());
+    }
+    let count: i64 = restored
+        .app()
+        .await?
+        .query_one("SELECT count(*) FROM orders", &[])
+        .await?
+        .get(0);
+    assert_eq!(count, 1000);
+    drop((restored, standby, primary));
+    fixture.passed()
+}
+
+fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
 /// A throw-away instance verifies backup `manifest`: restored, replayed to
 /// the end of the backup, every table read, the user's check passing; a
 /// check that returns false or tries more than reading, and the backup's
@@ -417,7 +497,11 @@ async fn verification(
     let exit = instance.wait_exit(Duration::from_secs(180)).await?;
     let text = std::fs::read_to_string(&report)
         .map_err(|e| format!("no report ({e}); log:\n{}", instance.log_text()))?;
-    Ok((exit, serde_json::from_str(&text)?))
+    let report: VerificationReport = serde_json::from_str(&text)?;
+    if !report.verified {
+        println!("{name}'s log ends:\n{}", tail(&instance.log_text(), 40));
+    }
+    Ok((exit, report))
 }
 
 /// New clusters `copy` and `copy2` restored from backup `id` of `orders`

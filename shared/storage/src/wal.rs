@@ -130,6 +130,11 @@ impl WalArchive {
         Ok(true)
     }
 
+    /// Whether `name` is archived.
+    pub async fn contains(&self, name: &WalName) -> Result<bool, StorageError> {
+        Ok(self.stored_sum(&self.layout.wal(name)).await?.is_some())
+    }
+
     /// Every file archived, in name order (timeline, then position).
     pub async fn list(&self) -> Result<Vec<WalName>, StorageError> {
         let root = self.layout.wal_root();
