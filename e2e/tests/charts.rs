@@ -236,6 +236,52 @@ async fn every_option_renders_what_it_says_and_the_api_server_admits_it() -> Res
     Ok(())
 }
 
+/// Values written before `image.registry` existed named the registry in
+/// `image.repository`: they still pull from that registry, and a chart's
+/// helm test pod is no replica (not selected by the controller's PDB).
+#[tokio::test]
+async fn a_repository_naming_its_registry_is_used_as_it_is() -> Result {
+    for (repository, image) in [
+        (
+            "registry.example.com/cairn/db",
+            "registry.example.com/cairn/db:1.2.3",
+        ),
+        ("localhost:5000/db", "localhost:5000/db:1.2.3"),
+        ("team/db", "ghcr.io/team/db:1.2.3"),
+    ] {
+        let repository = format!("image.repository={repository}");
+        let objects = render(
+            "cairn-database-controller",
+            "ops",
+            &["--set", &repository, "--set", "image.tag=1.2.3"],
+        )
+        .await?;
+        let deployment = find(&objects, "Deployment", "render-cairn-database-controller");
+        assert_eq!(
+            deployment["spec"]["template"]["spec"]["containers"][0]["image"], image,
+            "{repository}"
+        );
+        let test = find(
+            &objects,
+            "Pod",
+            "render-cairn-database-controller-test-ready",
+        );
+        let selector = &find(
+            &objects,
+            "PodDisruptionBudget",
+            "render-cairn-database-controller",
+        )["spec"]["selector"]["matchLabels"];
+        let labels = &test["metadata"]["labels"];
+        assert!(
+            selector
+                .as_object()
+                .is_some_and(|s| s.iter().any(|(k, v)| labels[k] != *v)),
+            "the test pod is not selected as a replica: {labels}"
+        );
+    }
+    Ok(())
+}
+
 /// cert-manager (not installed here: rendered only) issues the webhook's
 /// pair into the Secret the controller mounts; the controller then needs no
 /// right on Secrets for its own CA.

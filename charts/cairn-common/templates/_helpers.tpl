@@ -34,11 +34,16 @@ app.kubernetes.io/part-of: cairn
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
-{{/* registry/repository:tag, pinned by @digest when one is given. */}}
+{{/* registry/repository:tag, pinned by @digest when one is given. A
+repository that names its registry itself (its first part has a dot, a colon
+or is localhost: `registry.example.com/team/db`, as values before `registry`
+existed said) is used as it is. */}}
 {{- define "cairn.image" -}}
 {{- $image := .Values.image -}}
 {{- $name := $image.repository -}}
-{{- with $image.registry }}{{ $name = printf "%s/%s" . $name }}{{ end -}}
+{{- $first := first (splitList "/" $name) -}}
+{{- $named := and (contains "/" $name) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) -}}
+{{- if and $image.registry (not $named) }}{{ $name = printf "%s/%s" $image.registry $name }}{{ end -}}
 {{- $name = printf "%s:%s" $name ($image.tag | default .Chart.AppVersion) -}}
 {{- with $image.digest }}{{ $name = printf "%s@%s" $name . }}{{ end -}}
 {{- $name -}}

@@ -164,9 +164,12 @@ kind: Pod
 metadata:
   name: {{ include "cairn.fullname" . }}-test-ready
   namespace: {{ .Release.Namespace }}
+  # Not the controller's selector labels: its PDB, anti-affinity and
+  # NetworkPolicy must not count this pod as a replica.
   labels:
-    {{- include "cairn.labels" . | nindent 4 }}
-    app.kubernetes.io/component: helm-test
+    app.kubernetes.io/name: {{ include "cairn.name" . }}-test
+    {{- include "cairn.testLabels" . | nindent 4 }}
+    app.kubernetes.io/part-of: cairn
   annotations:
     helm.sh/hook: test
     helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
