@@ -8,10 +8,11 @@
 
 use std::path::Path;
 
-use serde::Deserialize;
 use serde_json::Value;
 
-const GUIDE: &str = "docs/user-guide.md";
+mod support {
+    pub mod guide;
+}
 
 /// One YAML document of the guide: the line its block starts on, and its
 /// content.
@@ -19,36 +20,7 @@ struct Example {
     line: usize,
     value: Value,
 }
-
-/// The documents of every ```yaml block of `markdown`.
-fn yaml_documents(markdown: &str) -> Vec<Example> {
-    let mut examples = Vec::new();
-    let mut block: Option<(usize, usize, Vec<&str>)> = None;
-    for (index, line) in markdown.lines().enumerate() {
-        let trimmed = line.trim_start();
-        let indent = line.len() - trimmed.len();
-        match &mut block {
-            None if trimmed == "```yaml" => block = Some((index + 2, indent, Vec::new())),
-            None => {}
-            Some((start, _, lines)) if trimmed == "```" => {
-                let text = lines.join("\n");
-                for document in serde_yaml_ng::Deserializer::from_str(&text) {
-                    let value = Value::deserialize(document).unwrap_or_else(|e| {
-                        panic!("{GUIDE}:{start}: invalid YAML: {e}");
-                    });
-                    examples.push(Example {
-                        line: *start,
-                        value,
-                    });
-                }
-                block = None;
-            }
-            Some((_, indent, lines)) => lines.push(line.get(*indent..).unwrap_or("")),
-        }
-    }
-    assert!(block.is_none(), "{GUIDE}: a ```yaml block is not closed");
-    examples
-}
+use support::guide::{GUIDE, yaml_documents};
 
 /// The schema of `apiVersion`/`kind` in the CRDs the charts ship (every
 /// served version), if it is a Cairn kind.
@@ -273,7 +245,8 @@ fn every_cairn_object_of_the_user_guide_is_valid() {
     let mut kinds = std::collections::BTreeSet::new();
     let mut failures = Vec::new();
     let mut checked = 0;
-    for example in yaml_documents(&guide) {
+    for (line, value) in yaml_documents(&guide) {
+        let example = Example { line, value };
         let api_version = example.value["apiVersion"].as_str().unwrap_or_default();
         let kind = example.value["kind"].as_str().unwrap_or_default();
         let Some(schema) = schema_of(api_version, kind) else {
@@ -356,10 +329,7 @@ spec:
 
     let guide =
         "text\n```yaml\napiVersion: v1\nkind: Pod\n---\na: 1\n```\n  ```yaml\n  b: 2\n  ```\n";
-    let documents: Vec<_> = yaml_documents(guide)
-        .into_iter()
-        .map(|e| (e.line, e.value))
-        .collect();
+    let documents = yaml_documents(guide);
     assert_eq!(
         documents,
         vec![

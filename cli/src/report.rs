@@ -126,6 +126,11 @@ pub fn readme(
     out
 }
 
+/// The uids of `objects`: the events of these objects go into the bundle.
+fn uids_of<K: Resource>(objects: &[K]) -> impl Iterator<Item = String> + '_ {
+    objects.iter().filter_map(|o| o.meta().uid.clone())
+}
+
 /// Objects of kind K in the namespace that belong to the cluster, written
 /// under `objects/<dir>/`; their uids.
 async fn collect<K>(
@@ -213,103 +218,37 @@ async fn gather(target: &Target, args: &ReportArgs) -> Result<(Bundle, Vec<Secre
     bundle.add("status.json", serde_json::to_string_pretty(&view)? + "\n");
 
     let mut uids: BTreeSet<String> = uid.into_iter().map(str::to_owned).collect();
-    let mut note_uids = |metas: Vec<&ObjectMeta>| {
-        for meta in metas {
-            if let Some(uid) = &meta.uid {
-                uids.insert(uid.clone());
-            }
-        }
-    };
-    let mine = |m: &ObjectMeta| belongs(m, name, uid);
-    note_uids(
-        collect::<StatefulSet>(target, &mut bundle, "statefulsets", |o| mine(&o.metadata))
-            .await
-            .iter()
-            .map(|o| &o.metadata)
-            .collect(),
+    let mine = |meta: &ObjectMeta| belongs(meta, name, uid);
+    macro_rules! children {
+        ($($kind:ty => $dir:literal),* $(,)?) => {$(
+            uids.extend(uids_of(&collect::<$kind>(target, &mut bundle, $dir, |o| mine(o.meta())).await));
+        )*};
+    }
+    children!(StatefulSet => "statefulsets");
+    let pods = collect::<Pod>(target, &mut bundle, "pods", |o| mine(o.meta())).await;
+    uids.extend(uids_of(&pods));
+    children!(
+        PersistentVolumeClaim => "persistentvolumeclaims",
+        Service => "services",
+        ConfigMap => "configmaps",
+        Lease => "leases",
+        PodDisruptionBudget => "poddisruptionbudgets",
+        ServiceAccount => "serviceaccounts",
+        Role => "roles",
+        RoleBinding => "rolebindings",
     );
-    let pods = collect::<Pod>(target, &mut bundle, "pods", |o| mine(&o.metadata)).await;
-    note_uids(pods.iter().map(|o| &o.metadata).collect());
-    note_uids(
-        collect::<PersistentVolumeClaim>(target, &mut bundle, "persistentvolumeclaims", |o| {
-            mine(&o.metadata)
-        })
-        .await
-        .iter()
-        .map(|o| &o.metadata)
-        .collect(),
-    );
-    note_uids(
-        collect::<Service>(target, &mut bundle, "services", |o| mine(&o.metadata))
-            .await
-            .iter()
-            .map(|o| &o.metadata)
-            .collect(),
-    );
-    note_uids(
-        collect::<ConfigMap>(target, &mut bundle, "configmaps", |o| mine(&o.metadata))
-            .await
-            .iter()
-            .map(|o| &o.metadata)
-            .collect(),
-    );
-    note_uids(
-        collect::<Lease>(target, &mut bundle, "leases", |o| mine(&o.metadata))
-            .await
-            .iter()
-            .map(|o| &o.metadata)
-            .collect(),
-    );
-    note_uids(
-        collect::<PodDisruptionBudget>(target, &mut bundle, "poddisruptionbudgets", |o| {
-            mine(&o.metadata)
-        })
-        .await
-        .iter()
-        .map(|o| &o.metadata)
-        .collect(),
-    );
-    note_uids(
-        collect::<ServiceAccount>(target, &mut bundle, "serviceaccounts", |o| {
-            mine(&o.metadata)
-        })
-        .await
-        .iter()
-        .map(|o| &o.metadata)
-        .collect(),
-    );
-    note_uids(
-        collect::<Role>(target, &mut bundle, "roles", |o| mine(&o.metadata))
-            .await
-            .iter()
-            .map(|o| &o.metadata)
-            .collect(),
-    );
-    note_uids(
-        collect::<RoleBinding>(target, &mut bundle, "rolebindings", |o| mine(&o.metadata))
-            .await
-            .iter()
-            .map(|o| &o.metadata)
-            .collect(),
-    );
-    note_uids(
-        collect::<Backup>(target, &mut bundle, "backups", |b| {
+    uids.extend(uids_of(
+        &collect::<Backup>(target, &mut bundle, "backups", |b| {
             b.spec.cluster.name == name
         })
-        .await
-        .iter()
-        .map(|o| &o.metadata)
-        .collect(),
-    );
-    note_uids(
-        collect::<BackupSchedule>(target, &mut bundle, "backupschedules", |s| {
+        .await,
+    ));
+    uids.extend(uids_of(
+        &collect::<BackupSchedule>(target, &mut bundle, "backupschedules", |s| {
             s.spec.template.spec.cluster.name == name
         })
-        .await
-        .iter()
-        .map(|o| &o.metadata)
-        .collect(),
-    );
+        .await,
+    ));
 
     // Secrets: the cluster's own and the backup destination's credentials.
     let mut secret_names: BTreeSet<String> = BTreeSet::new();

@@ -6,38 +6,13 @@
 use cairn_testing::cluster;
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, PostParams};
-use serde::Deserialize;
 use serde_json::Value;
 
 type Result = std::result::Result<(), Box<dyn std::error::Error>>;
 
-const GUIDE: &str = "docs/user-guide.md";
-
-/// The documents of every ```yaml block of `markdown`, with the line their
-/// block starts on.
-fn yaml_documents(markdown: &str) -> Vec<(usize, Value)> {
-    let mut documents = Vec::new();
-    let mut block: Option<(usize, usize, Vec<&str>)> = None;
-    for (index, line) in markdown.lines().enumerate() {
-        let trimmed = line.trim_start();
-        let indent = line.len() - trimmed.len();
-        match &mut block {
-            None if trimmed == "```yaml" => block = Some((index + 2, indent, Vec::new())),
-            None => {}
-            Some((start, _, lines)) if trimmed == "```" => {
-                let text = lines.join("\n");
-                for document in serde_yaml_ng::Deserializer::from_str(&text) {
-                    let value = Value::deserialize(document)
-                        .unwrap_or_else(|e| panic!("{GUIDE}:{start}: invalid YAML: {e}"));
-                    documents.push((*start, value));
-                }
-                block = None;
-            }
-            Some((_, indent, lines)) => lines.push(line.get(*indent..).unwrap_or("")),
-        }
-    }
-    documents
-}
+#[path = "../../api/tests/support/guide.rs"]
+mod guide;
+use guide::{GUIDE, yaml_documents};
 
 /// The Cairn kind `apiVersion`/`kind` names, as the installable CRDs serve it.
 fn resource(api_version: &str, kind: &str) -> Option<ApiResource> {
