@@ -7,6 +7,11 @@
 # setup-envtest or a release download on a CI runner that has internet). Any
 # binary found there is used as is instead of being built.
 #
+# With `cnpg`, builds only CloudNativePG's operator (hack/tools/cnpg, for
+# `hack/bench.sh cnpg-side-by-side`) and links it as cnpg-manager, its CRDs as
+# cnpg-crds.yaml and its ClusterRole as cnpg-role.yaml; nothing else. No
+# default run (the test suite's, local-cluster.sh's) ever builds it.
+#
 # Prints the bin folder on stdout.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -63,6 +68,33 @@ build() {
   rm -rf "$dir.partial"
   log "built ${component} in $((SECONDS - start)) s"
 }
+
+# CloudNativePG's operator and its CRDs (config/crd/bases of the same module
+# zip), only when asked: a peer for a benchmark, never part of the suite.
+if [[ ${1:-} == cnpg ]]; then
+  build cnpg github.com/cloudnative-pg/cloudnative-pg "" cnpg-manager=github.com/cloudnative-pg/cloudnative-pg/cmd/manager
+  crds=$(tool_dir cnpg github.com/cloudnative-pg/cloudnative-pg)-crds.yaml
+  if [[ ! -s "$crds" ]]; then
+    src=$(cd "$CAIRN_ROOT/hack/tools/cnpg" && go mod download -json github.com/cloudnative-pg/cloudnative-pg | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+    for f in "$src"/config/crd/bases/*.yaml; do
+      echo "---"
+      cat "$f"
+    done >"$crds.partial"
+    mv "$crds.partial" "$crds"
+  fi
+  ln -sf "$crds" "$BIN/cnpg-crds.yaml"
+  # The operator's ClusterRole, as its release manifest grants it.
+  role=$(tool_dir cnpg github.com/cloudnative-pg/cloudnative-pg)-role.yaml
+  if [[ ! -s "$role" ]]; then
+    src=${src:-$(cd "$CAIRN_ROOT/hack/tools/cnpg" && go mod download -json github.com/cloudnative-pg/cloudnative-pg | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')}
+    cp "$src/config/rbac/role.yaml" "$role.partial"
+    mv "$role.partial" "$role"
+  fi
+  ln -sf "$role" "$BIN/cnpg-role.yaml"
+  echo "$BIN"
+  exit 0
+fi
+[[ -z ${1:-} ]] || die "unknown component ${1}: only cnpg is built on request"
 
 k8s_version_ldflags() {
   local v=$KUBERNETES_VERSION minor date
