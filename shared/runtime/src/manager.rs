@@ -316,7 +316,13 @@ impl Manager {
             .for_each(move |event| {
                 match event {
                     Ok(event) => {
-                        health.watch_ok();
+                        // `Init` is the watcher's own step before it lists
+                        // again, no request answered yet: counted as a
+                        // success, it reset a run of failing relists each
+                        // time, so /livez never failed however long they did.
+                        if !matches!(event, watcher::Event::Init) {
+                            health.watch_ok();
+                        }
                         for change in changes_of(&event, &counted, &mut before_relist) {
                             let _ = sender.send(change);
                         }
@@ -963,6 +969,9 @@ fn termination_signal() -> watch::Receiver<bool> {
 async fn terminated(mut signal: watch::Receiver<bool>) {
     let _ = signal.wait_for(|terminated| *terminated).await;
 }
+
+#[cfg(test)]
+mod watch_gone;
 
 #[cfg(test)]
 mod trim_tests {

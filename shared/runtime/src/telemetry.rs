@@ -30,6 +30,13 @@ pub struct Telemetry {
 }
 
 impl Telemetry {
+    /// Nothing installed: for tests of the manager, which must not install
+    /// the process's global subscriber.
+    #[cfg(test)]
+    pub(crate) fn none() -> Self {
+        Self { provider: None }
+    }
+
     /// Flushes and stops the trace exporter. Blocks while it exports: call it
     /// outside async code (e.g. in `spawn_blocking`) or at the very end.
     pub fn shutdown(self) {
