@@ -24,6 +24,13 @@
 #                                         its chart: promotion, write
 #                                         unavailability, rejoin, rows lost;
 #                                         with synchronous replication if asked
+#   hack/bench.sh cnpg-side-by-side [N]   Cairn's database controller, then
+#                                         CloudNativePG's operator (built from
+#                                         its pinned module on first use), each
+#                                         against N single-instance clusters
+#                                         (default 100) on the kwok nodes of one
+#                                         cluster: RSS, CPU, writes per cluster
+#                                         by verb, the idle minute, the ratios
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$CAIRN_ROOT"
@@ -38,7 +45,8 @@ case "$bench" in
     exec cargo bench --locked -p cairn-instance --bench instance -- "${2:-10}" ;;
   failover) count=${2:-10} ;;
   backup) ;;
-  *) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  cnpg-side-by-side) count=${2:-100} ;;
+  *) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
 
 if [[ $bench == backup ]]; then
@@ -85,6 +93,21 @@ if [[ $bench == failover ]]; then
   hack/local-cluster.sh up "$STATE"
   hack/local-cluster.sh import-images "$STATE" "$images"/*.tar
   CAIRN_CLUSTER_STATE=$STATE cargo bench --locked -p cairn-e2e --bench failover -- "$count" "${@:3}"
+  exit 0
+fi
+
+if [[ $bench == cnpg-side-by-side ]]; then
+  CAIRN_CNPG_BIN=$(hack/build-tools.sh cnpg)
+  cargo build --release --locked -p cairn-database-controller
+  # The same control plane for both operators, its workload controllers at
+  # the client rate a cluster sized for thousands of Jobs and StatefulSets has.
+  export CAIRN_CONTROLLER_MANAGER_QPS=${CAIRN_CONTROLLER_MANAGER_QPS:-100}
+  STATE=$(mktemp -d "${TMPDIR:-/tmp}/cairn-bench.XXXXXX")/cluster
+  trap 'hack/local-cluster.sh down "$STATE"; rmdir "$(dirname "$STATE")" 2>/dev/null || true' EXIT
+  hack/local-cluster.sh up "$STATE"
+  CAIRN_CLUSTER_STATE=$STATE CAIRN_CNPG_BIN=$CAIRN_CNPG_BIN \
+    CAIRN_DATABASE_CONTROLLER=$CARGO_TARGET_DIR/release/cairn-database-controller \
+    cargo bench --locked -p cairn-e2e --bench cnpg_side_by_side -- "$count"
   exit 0
 fi
 
