@@ -13,12 +13,13 @@ use std::process::ExitCode;
 
 use cairn_testing::fake_api::{Answer, FakeApi, Fault, Recorded};
 use clap::Parser;
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use serde_json::json;
 
 use super::*;
 
 const MAPS: &str = "/api/v1/namespaces/shop/configmaps";
+const SECRETS: &str = "/api/v1/namespaces/shop/secrets";
 
 fn path(name: &str) -> String {
     format!("{MAPS}/{name}")
@@ -27,6 +28,14 @@ fn path(name: &str) -> String {
 fn config_map(name: &str) -> serde_json::Value {
     json!({"apiVersion": "v1", "kind": "ConfigMap",
            "metadata": {"name": name, "namespace": "shop", "uid": format!("uid-{name}")}})
+}
+
+/// Secret `name`, owned by ConfigMap `owner`.
+fn secret(name: &str, owner: &str) -> serde_json::Value {
+    json!({"apiVersion": "v1", "kind": "Secret",
+           "metadata": {"name": name, "namespace": "shop", "uid": format!("uid-{name}"),
+                        "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": owner,
+                                             "uid": format!("uid-{owner}"), "controller": true}]}})
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -40,20 +49,21 @@ impl Classify for Never {
 }
 
 /// What the reconciles saw: each object reconciled, with the names the
-/// cache held at that moment.
+/// caches (ConfigMaps, Secrets) held at that moment.
 #[derive(Default)]
 struct Seen {
     store: OnceLock<Store<ConfigMap>>,
-    log: Mutex<Vec<(String, Vec<String>)>>,
+    children: OnceLock<Store<Secret>>,
+    log: Mutex<Vec<(String, Vec<String>, Vec<String>)>>,
 }
 
 impl Seen {
-    fn log(&self) -> Vec<(String, Vec<String>)> {
+    fn log(&self) -> Vec<(String, Vec<String>, Vec<String>)> {
         self.log.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     fn reconciled(&self, name: &str) -> bool {
-        self.log().iter().any(|(n, _)| n == name)
+        self.log().iter().any(|(n, ..)| n == name)
     }
 }
 
@@ -62,26 +72,28 @@ fn reconcile(
     seen: Arc<Seen>,
 ) -> std::future::Ready<Result<Recheck, Never>> {
     let cached = seen.store.get().map(names).unwrap_or_default();
+    let children = seen.children.get().map(names).unwrap_or_default();
     let name = object.metadata.name.clone().unwrap_or_default();
     seen.log
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .push((name, cached));
+        .push((name, cached, children));
     std::future::ready(Ok(Recheck::AfterResync))
 }
 
-fn names(store: &Store<ConfigMap>) -> Vec<String> {
+fn names<K: Resource<DynamicType = ()> + Clone>(store: &Store<K>) -> Vec<String> {
     let mut names: Vec<String> = store
         .state()
         .iter()
-        .filter_map(|o| o.metadata.name.clone())
+        .filter_map(|o| o.meta().name.clone())
         .collect();
     names.sort();
     names
 }
 
-/// A manager of ConfigMaps in `shop` over the fake, leading (the fake
-/// answers the Lease), holding `objects` when it starts.
+/// A manager of ConfigMaps in `shop` (and of the Secrets they own) over the
+/// fake, leading (the fake answers the Lease), holding `objects` and
+/// `children` (Secret, owner) when it starts.
 struct Running {
     fake: FakeApi,
     health: Health,
@@ -93,10 +105,17 @@ struct Running {
 }
 
 impl Running {
-    async fn start(objects: &[&str], watch_failure_limit: Duration) -> Self {
+    async fn start(
+        objects: &[&str],
+        children: &[(&str, &str)],
+        watch_failure_limit: Duration,
+    ) -> Self {
         let (fake, client) = FakeApi::new();
         for name in objects {
             fake.put(&path(name), config_map(name));
+        }
+        for (name, owner) in children {
+            fake.put(&format!("{SECRETS}/{name}"), secret(name, owner));
         }
         let (terminate, terminated) = watch::channel(false);
         let (stop_admin, admin_stopped) = oneshot::channel::<()>();
@@ -124,14 +143,20 @@ impl Running {
             terminate: terminated,
         };
         let cache = manager.cache(
-            Api::<ConfigMap>::namespaced(client, "shop"),
+            Api::<ConfigMap>::namespaced(client.clone(), "shop"),
+            watcher::Config::default(),
+        );
+        let secrets = manager.cache(
+            Api::<Secret>::namespaced(client, "shop"),
             watcher::Config::default(),
         );
         let store = cache.store();
-        let controller =
-            Controller::for_shared_stream(cache.trigger_on_spec_change(), store.clone());
         let seen = Arc::new(Seen::default());
         let _ = seen.store.set(store.clone());
+        let _ = seen.children.set(secrets.store());
+        let controller =
+            Controller::for_shared_stream(cache.trigger_on_spec_change(), store.clone())
+                .owns_shared_stream(secrets.trigger());
         let runnable = manager.runnable(controller, reconcile, seen.clone());
         let (health, metrics) = (manager.health.clone(), manager.metrics.clone());
         let exited = tokio::spawn(manager.run_all(vec![runnable]));
@@ -150,8 +175,11 @@ impl Running {
                 .await;
         }
         running
-            .until("a watch open", |r| {
-                r.collection().iter().any(Recorded::is_watch)
+            .until("both watches open", |r| {
+                let requests = r.fake.requests();
+                [MAPS, SECRETS]
+                    .iter()
+                    .all(|p| requests.iter().any(|q| q.is_watch() && q.path == *p))
             })
             .await;
         running
@@ -220,7 +248,7 @@ impl Running {
 /// the relisted cache, and the deleted one is neither cached nor reconciled.
 #[tokio::test(start_paused = true)]
 async fn after_a_410_the_cache_relists_and_the_controller_follows_it() {
-    let running = Running::start(&["kept", "deleted"], Duration::from_secs(60)).await;
+    let running = Running::start(&["kept", "deleted"], &[], Duration::from_secs(60)).await;
     assert_eq!(running.lists(), 1);
     let reconciled_before = running.seen.log().len();
     running.restart_missing(|fake| {
@@ -266,14 +294,14 @@ async fn after_a_410_the_cache_relists_and_the_controller_follows_it() {
         running.cached_gauge()
     );
     let after = running.seen.log().split_off(reconciled_before);
-    let times = |name: &str| after.iter().filter(|(n, _)| n == name).count();
+    let times = |name: &str| after.iter().filter(|(n, ..)| n == name).count();
     assert_eq!((times("new"), times("newer")), (1, 1), "{after:?}");
     assert_eq!(times("deleted"), 0, "a deleted object is not reconciled");
     // Unchanged: woken at most once, the first time the spec filter sees it
     // since this replica leads (what the cache saw while it stood by went
     // to no filter).
     assert!(times("kept") <= 1, "{after:?}");
-    for (name, cached) in &after {
+    for (name, cached, _) in &after {
         assert_eq!(
             cached, &relisted,
             "{name} reconciled from the relisted cache"
@@ -289,7 +317,7 @@ async fn after_a_410_the_cache_relists_and_the_controller_follows_it() {
 /// re-announces, once it has seen it).
 #[tokio::test(start_paused = true)]
 async fn repeated_410s_with_nothing_missed_reconcile_nothing_again() {
-    let running = Running::start(&["a", "b"], Duration::from_secs(60)).await;
+    let running = Running::start(&["a", "b"], &[], Duration::from_secs(60)).await;
     let reconciled_before = running.seen.log().len();
     let mut reconciled_after = Vec::new();
     for round in 1..=3 {
@@ -320,8 +348,8 @@ async fn repeated_410s_with_nothing_missed_reconcile_nothing_again() {
     running.stop().await;
 }
 
-/// After a 410 the relist fails, again and again (the API server answers
-/// lists 500): the cache keeps what it had (never half a relist), the
+/// After a 410 the relist fails, again and again (the API server, back
+/// from its restart, answers lists 500): the cache keeps what it had (never half a relist), the
 /// replica stays ready, /livez fails once the failures outlast the limit,
 /// and all recovers when the lists succeed. The watcher announces each new
 /// list attempt with an `Init` event before sending any request; counted as
@@ -330,10 +358,11 @@ async fn repeated_410s_with_nothing_missed_reconcile_nothing_again() {
 async fn a_relist_failing_after_a_410_fails_liveness_until_it_succeeds() {
     // The health's clock is the real one: a short limit, let pass for real.
     let limit = Duration::from_millis(20);
-    let running = Running::start(&["kept", "deleted"], limit).await;
+    let running = Running::start(&["kept", "deleted"], &[], limit).await;
+    // Every list in the namespace (both caches relist after the restart).
     running.fake.inject(Fault {
         method: "LIST",
-        path: MAPS.into(),
+        path: "/namespaces/shop/".into(),
         answer: Answer::Status(500, "InternalError"),
         skip: 0,
         times: usize::MAX,
@@ -374,7 +403,7 @@ async fn a_relist_failing_after_a_410_fails_liveness_until_it_succeeds() {
 /// listing, and the server's 410 event then makes it relist.
 #[tokio::test(start_paused = true)]
 async fn an_http_410_on_a_watch_is_retried_and_the_410_event_relists() {
-    let running = Running::start(&["kept", "deleted"], Duration::from_secs(60)).await;
+    let running = Running::start(&["kept", "deleted"], &[], Duration::from_secs(60)).await;
     running.fake.inject(Fault {
         method: "WATCH",
         path: MAPS.into(),
@@ -401,5 +430,42 @@ async fn an_http_410_on_a_watch_is_retried_and_the_410_event_relists() {
         versions, [versions[0]; 3],
         "the first watch, the one refused with HTTP 410, the one answered 410 Expired"
     );
+    running.stop().await;
+}
+
+/// A child deleted while the watch of its kind was down (its next watch
+/// answered 410): the relist reveals the deletion, and the owner is
+/// reconciled from a cache without the child, so it can make it again.
+#[tokio::test(start_paused = true)]
+async fn a_child_deleted_during_the_gap_wakes_its_owner_after_the_relist() {
+    let running = Running::start(
+        &["orders"],
+        &[("orders-credentials", "orders")],
+        Duration::from_secs(60),
+    )
+    .await;
+    let reconciled_before = running.seen.log().len();
+    // Only the Secrets' watch is answered 410; the ConfigMaps' resumes.
+    running.fake.inject(Fault {
+        method: "WATCH",
+        path: SECRETS.into(),
+        answer: Answer::WatchError(410, "Expired"),
+        skip: 0,
+        times: 1,
+    });
+    running.fake.disconnect_watches();
+    running
+        .fake
+        .remove(&format!("{SECRETS}/orders-credentials"));
+    running
+        .until("the owner reconciled again", |r| {
+            r.seen.log().len() > reconciled_before
+        })
+        .await;
+    let log = running.seen.log();
+    let (name, _, children) = &log[reconciled_before];
+    assert_eq!(name, "orders");
+    assert!(children.is_empty(), "from the relisted cache: {log:?}");
+    assert_eq!(running.lists(), 1, "the ConfigMaps were not listed again");
     running.stop().await;
 }
