@@ -48,17 +48,20 @@ impl Classify for Never {
     }
 }
 
-/// What the reconciles saw: each object reconciled, with the names the
-/// caches (ConfigMaps, Secrets) held at that moment.
+/// An object reconciled, with the names the caches (ConfigMaps, Secrets)
+/// held at that moment.
+type Reconciled = (String, Vec<String>, Vec<String>);
+
+/// What the reconciles saw.
 #[derive(Default)]
 struct Seen {
     store: OnceLock<Store<ConfigMap>>,
     children: OnceLock<Store<Secret>>,
-    log: Mutex<Vec<(String, Vec<String>, Vec<String>)>>,
+    log: Mutex<Vec<Reconciled>>,
 }
 
 impl Seen {
-    fn log(&self) -> Vec<(String, Vec<String>, Vec<String>)> {
+    fn log(&self) -> Vec<Reconciled> {
         self.log.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
