@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+use cairn_api::backup::v1::BackupSchedule;
 use cairn_runtime::errors::ErrorClass;
 use cairn_runtime::manager::Classify;
 use cairn_testing::fake_api::{Answer, FakeApi, Fault, Recorded};
@@ -209,4 +210,92 @@ async fn without_the_fault_the_outcome_is_counted_and_announced() {
         .expect("reconciled");
     assert_eq!(finished_count(&harness.registry), 1.0);
     assert_eq!(events(&harness.fake.requests()), 1);
+}
+
+const SCHEDULE_PATH: &str = "/apis/backup.cairn.dev/v1/namespaces/shop/backupschedules/nightly";
+
+/// A schedule whose slot (every minute) is due now: its reconcile creates
+/// the slot's Backup, then writes its status.
+fn due_schedule(harness: &Harness) -> Arc<BackupSchedule> {
+    let schedule: BackupSchedule = serde_json::from_value(json!({
+        "apiVersion": "backup.cairn.dev/v1", "kind": "BackupSchedule",
+        "metadata": { "name": "nightly", "namespace": "shop", "uid": "s-1", "generation": 1,
+                      "creationTimestamp": "2020-01-01T00:00:00Z" },
+        "spec": { "schedule": "* * * * *",
+                  "template": { "spec": { "cluster": { "name": "orders" }, "method": "physical" } } },
+    }))
+    .expect("schedule");
+    harness.fake.put(
+        SCHEDULE_PATH,
+        serde_json::to_value(&schedule).expect("serializes"),
+    );
+    Arc::new(schedule)
+}
+
+fn schedule_status_writes(requests: &[Recorded]) -> Vec<&Recorded> {
+    requests
+        .iter()
+        .filter(|r| r.is_status_write() && r.path.starts_with(SCHEDULE_PATH))
+        .collect()
+}
+
+/// The slot's Backup exists already (made before a restart that lost the
+/// status write): the 409 on its create is the slot taken, recorded in the
+/// status, and not announced as a new Backup.
+#[tokio::test]
+async fn a_schedule_whose_slot_backup_exists_records_the_slot_without_announcing_it() {
+    let harness = harness(&backup(json!({}), json!({})));
+    let schedule = due_schedule(&harness);
+    harness.fake.inject(fault(
+        "POST",
+        "/namespaces/shop/backups",
+        409,
+        "AlreadyExists",
+    ));
+    crate::schedule::reconcile(schedule, harness.context.clone())
+        .await
+        .expect("the slot is taken");
+    let requests = harness.fake.requests();
+    let statuses = schedule_status_writes(&requests);
+    assert_eq!(statuses.len(), 1, "{requests:#?}");
+    assert!(
+        statuses[0].body["status"]["lastScheduleTime"].is_string(),
+        "{}",
+        statuses[0].body
+    );
+    assert_eq!(events(&requests), 0, "no Backup announced: {requests:#?}");
+}
+
+/// A 500 on the slot's Backup create, midway through the schedule's
+/// reconcile: transient, and no status claims the slot taken (it is tried
+/// again, not skipped), nothing announced.
+#[tokio::test]
+async fn a_server_error_creating_the_slots_backup_leaves_the_slot_untaken() {
+    let harness = harness(&backup(json!({}), json!({})));
+    let schedule = due_schedule(&harness);
+    harness.fake.inject(fault(
+        "POST",
+        "/namespaces/shop/backups",
+        500,
+        "InternalError",
+    ));
+    let error = crate::schedule::reconcile(schedule.clone(), harness.context.clone())
+        .await
+        .expect_err("the create failed");
+    assert_eq!(error.class(), ErrorClass::Transient, "{error:?}");
+    assert_eq!(error.class().label(), "transient");
+    let requests = harness.fake.requests();
+    assert!(
+        schedule_status_writes(&requests).is_empty(),
+        "{requests:#?}"
+    );
+    assert_eq!(events(&requests), 0, "{requests:#?}");
+    // Without the fault the same reconcile creates, announces and records:
+    // the checks above can fail.
+    crate::schedule::reconcile(schedule, harness.context.clone())
+        .await
+        .expect("reconciled");
+    let requests = harness.fake.requests();
+    assert_eq!(schedule_status_writes(&requests).len(), 1, "{requests:#?}");
+    assert_eq!(events(&requests), 1, "{requests:#?}");
 }
