@@ -24,8 +24,10 @@
 #                                            freeze real node N (kubelet,
 #                                            containerd and its containers: a
 #                                            power loss or partition) and thaw it
-#   hack/local-cluster.sh kill-container STATE_DIR NAMESPACE POD [CONTAINER]
-#                                            SIGKILL one container's processes
+#   hack/local-cluster.sh kill-container STATE_DIR NAMESPACE POD [CONTAINER [SIGNAL]]
+#                                            SIGKILL (or SIGNAL) one container's processes
+#   hack/local-cluster.sh freeze-container|thaw-container STATE_DIR NAMESPACE POD CONTAINER
+#                                            stall one container's processes, or let them run
 #   hack/local-cluster.sh cut-from-apiserver|heal-from-apiserver STATE_DIR POD_IP
 #                                            drop a pod's packets to the API
 #                                            server (nothing else), and undo it
@@ -193,6 +195,13 @@ omitStages: [RequestReceived]
 rules:
 - level: None
   verbs: [get, list, watch]
+# The body of each status write of Cairn's kinds too: what a controller
+# changed, when a test finds it writing at steady state.
+- level: Request
+  resources:
+  - {group: database.cairn.dev, resources: [databaseclusters/status]}
+  - {group: backup.cairn.dev, resources: [backups/status, backupschedules/status]}
+  - {group: cloud.cairn.dev, resources: [objectbuckets/status, dnsrecords/status, providerconfigs/status]}
 - level: Metadata
 POLICY
   start kube-apiserver "$BIN/kube-apiserver" \
@@ -469,6 +478,8 @@ case "$cmd" in
   stop-node) freeze_node "${3:?node number}" ;;
   start-node) thaw_node "${3:?node number}" ;;
   kill-container) shift 2; BIN=$(state_value CAIRN_BIN); kill_container "$@" ;;
+  freeze-container) shift 2; BIN=$(state_value CAIRN_BIN); pause_container pause "$@" ;;
+  thaw-container) shift 2; BIN=$(state_value CAIRN_BIN); pause_container resume "$@" ;;
   cut-from-apiserver) APISERVER_URL=$(state_value CAIRN_APISERVER); cut_from_apiserver -I "${3:?pod IP}" ;;
   heal-from-apiserver) APISERVER_URL=$(state_value CAIRN_APISERVER); cut_from_apiserver -D "${3:?pod IP}" ;;
   env) running || die "no running local cluster in $STATE (start it: hack/local-cluster.sh up)"; cat "$STATE/env" ;;

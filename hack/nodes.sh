@@ -310,20 +310,37 @@ cut_from_apiserver() {
   iptables "$1" INPUT -s "$2" -d "$API_IP" -p tcp --dport "$port" -j DROP
 }
 
-# kill_container NAMESPACE POD [CONTAINER]: SIGKILL to the container's
-# processes through its node's containerd, as an OOM kill or a crash.
-kill_container() {
-  local namespace=$1 pod=$2 container=${3:-} node id i
+# container_task NAMESPACE POD CONTAINER: the containerd task of the pod's
+# container on its real node, as "SOCKET ID".
+container_task() {
+  local namespace=$1 pod=$2 container=${3:-} node id
   node=$(kubectl_ -n "$namespace" get pod "$pod" -o jsonpath='{.spec.nodeName}')
   [[ $node == cairn-node-* ]] || die "pod $namespace/$pod is not on a real node (node: ${node:-none})"
-  i=${node##*-}
   if [[ -n $container ]]; then
     id=$(kubectl_ -n "$namespace" get pod "$pod" -o jsonpath="{.status.containerStatuses[?(@.name==\"$container\")].containerID}")
   else
     id=$(kubectl_ -n "$namespace" get pod "$pod" -o jsonpath='{.status.containerStatuses[0].containerID}')
   fi
   [[ $id == containerd://* ]] || die "pod $namespace/$pod has no running container ${container}"
-  ctr --address "$(node_dir "$i")/containerd.sock" -n k8s.io tasks kill --all --signal SIGKILL "${id#containerd://}"
+  echo "$(node_dir "${node##*-}")/containerd.sock ${id#containerd://}"
+}
+
+# kill_container NAMESPACE POD [CONTAINER [SIGNAL]]: SIGKILL (or SIGNAL) to
+# the container's processes through its node's containerd, as an OOM kill or
+# a crash (SIGTERM: as a graceful stop would).
+kill_container() {
+  local task
+  task=$(container_task "$1" "$2" "${3:-}")
+  ctr --address "${task% *}" -n k8s.io tasks kill --all --signal "${4:-SIGKILL}" "${task#* }"
+}
+
+# pause_container ACTION NAMESPACE POD CONTAINER: freezes (ACTION pause) or
+# thaws (resume) the container's processes, as a stalled process would be:
+# its connections stay open, it answers nothing.
+pause_container() {
+  local task
+  task=$(container_task "$2" "$3" "$4")
+  ctr --address "${task% *}" -n k8s.io tasks "$1" "${task#* }"
 }
 
 start_kube_proxy() { # healthz-port metrics-port

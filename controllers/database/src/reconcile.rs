@@ -610,7 +610,11 @@ async fn record_decision(
         .patch_status(
             &cluster.name_any(),
             &PatchParams::default(),
-            &Patch::Merge(&json!({ "status": replacing(&previous, fields) })),
+            // Decided from this read of the cluster: refused if it is stale.
+            &Patch::Merge(&json!({
+                "metadata": { "resourceVersion": cluster.resource_version() },
+                "status": replacing(&previous, fields),
+            })),
         )
         .await?;
     ctx.decisions.written(&recorded, true);
@@ -1152,18 +1156,7 @@ async fn write_status(
         ctx.client.clone(),
         &cluster.namespace().unwrap_or_default(),
     );
-    let patch = json!({
-        "apiVersion": DatabaseCluster::api_version(&()),
-        "kind": DatabaseCluster::kind(&()),
-        "status": status,
-    });
-    let written = api
-        .patch_status(
-            &cluster.name_any(),
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await?;
+    let written = cairn_runtime::apply::apply_status(&api, MANAGER, cluster, &status).await?;
     ctx.decisions.written(&written, false);
     let reference = cluster.object_ref(&());
     for type_ in [READY, PROGRESSING, DEGRADED, CONTINUOUS_ARCHIVING] {

@@ -106,6 +106,39 @@ fn is_empty(value: &Value) -> bool {
     }
 }
 
+/// Applies `status` to the status of `object` (as the controller read it,
+/// e.g. from its cache) with field manager `manager`, only if the object
+/// has not changed since: the `resourceVersion` read is a precondition, and
+/// a stale read gets 409 Conflict, a transient error, instead of a write.
+/// A status is computed from the status read (conditions keep their
+/// transition time, Events mark transitions): written from a cache that
+/// lags (a new leader's, after an API server outage), it would flip back
+/// what a newer write set, and announce it again, at every requeue.
+pub async fn apply_status<K>(
+    api: &Api<K>,
+    manager: &str,
+    object: &K,
+    status: &impl Serialize,
+) -> Result<K, kube::Error>
+where
+    K: Resource + Clone + Debug + DeserializeOwned,
+    K::DynamicType: Default,
+{
+    let dynamic = K::DynamicType::default();
+    let patch = serde_json::json!({
+        "apiVersion": K::api_version(&dynamic),
+        "kind": K::kind(&dynamic),
+        "metadata": { "resourceVersion": object.resource_version() },
+        "status": status,
+    });
+    api.patch_status(
+        &object.name_any(),
+        &PatchParams::apply(manager).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

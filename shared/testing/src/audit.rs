@@ -26,6 +26,9 @@ pub struct WriteRequest {
     pub code: Option<u16>,
     /// When the request was received (RFC 3339, microseconds).
     pub received: String,
+    /// The pod whose ServiceAccount token made the request (bound tokens
+    /// name it): tells the replicas of one controller apart.
+    pub pod: Option<String>,
 }
 
 /// Every write request recorded in `log` so far. The API server writes the
@@ -103,6 +106,11 @@ fn parse(text: &str) -> Vec<WriteRequest> {
         .filter_map(|line| serde_json::from_str::<Event>(line).ok())
         .filter(|event| event.stage == "ResponseComplete")
         .map(|event| WriteRequest {
+            pod: event
+                .user
+                .extra
+                .get(POD_NAME_EXTRA)
+                .and_then(|names| names.first().cloned()),
             user: event
                 .impersonated_user
                 .map_or(event.user.username, |u| u.username),
@@ -134,7 +142,12 @@ struct Event {
 #[derive(Deserialize)]
 struct User {
     username: String,
+    #[serde(default)]
+    extra: std::collections::BTreeMap<String, Vec<String>>,
 }
+
+/// The user attribute a ServiceAccount token bound to a pod carries.
+const POD_NAME_EXTRA: &str = "authentication.kubernetes.io/pod-name";
 
 #[derive(Deserialize, Default)]
 struct ObjectRef {
@@ -161,7 +174,8 @@ mod tests {
             r#""objectRef":{"resource":"configmaps","namespace":"a","name":"c"},"#,
             r#""responseStatus":{"code":201},"requestReceivedTimestamp":"2026-01-01T00:00:00.000000Z"}"#,
             "\n",
-            r#"{"kind":"Event","stage":"ResponseComplete","verb":"patch","user":{"username":"cairn-admin"},"#,
+            r#"{"kind":"Event","stage":"ResponseComplete","verb":"patch","#,
+            r#""user":{"username":"cairn-admin","extra":{"authentication.kubernetes.io/pod-name":["p-1"]}},"#,
             r#""objectRef":{"resource":"pods","subresource":"status"},"responseStatus":{"code":200}}"#,
             "\n{\"truncated\n"
         );
@@ -171,6 +185,12 @@ mod tests {
         assert_eq!(requests[0].code, Some(201));
         assert_eq!(requests[1].user, "cairn-admin");
         assert_eq!(requests[1].subresource.as_deref(), Some("status"));
+        assert_eq!(requests[0].pod, None);
+        assert_eq!(
+            requests[1].pod.as_deref(),
+            Some("p-1"),
+            "the bound token's pod"
+        );
     }
 
     #[tokio::test]

@@ -261,14 +261,38 @@ impl LocalCluster {
     /// `namespace/pod` on a real node, through its containerd: a crash or an
     /// OOM kill (no shutdown, no cleanup). The kubelet then restarts it.
     pub fn kill_container(&self, namespace: &str, pod: &str, container: &str) -> Result<(), Error> {
-        run_script(&[
-            "kill-container",
-            &self.state_dir.to_string_lossy(),
-            namespace,
-            pod,
-            container,
-        ])
-        .map(drop)
+        self.signal_container(namespace, pod, container, "SIGKILL")
+    }
+
+    /// `signal` (e.g. `SIGTERM`) to every process of the container.
+    pub fn signal_container(
+        &self,
+        namespace: &str,
+        pod: &str,
+        container: &str,
+        signal: &str,
+    ) -> Result<(), Error> {
+        let state = self.state_dir.to_string_lossy();
+        run_script(&["kill-container", &state, namespace, pod, container, signal]).map(drop)
+    }
+
+    /// Stalls every process of the container (the cgroup freezer): it holds
+    /// its connections and answers nothing, as a process stuck in a long
+    /// garbage collection or on a dead disk would, until
+    /// [`Self::thaw_container`].
+    pub fn freeze_container(
+        &self,
+        namespace: &str,
+        pod: &str,
+        container: &str,
+    ) -> Result<(), Error> {
+        let state = self.state_dir.to_string_lossy();
+        run_script(&["freeze-container", &state, namespace, pod, container]).map(drop)
+    }
+
+    pub fn thaw_container(&self, namespace: &str, pod: &str, container: &str) -> Result<(), Error> {
+        let state = self.state_dir.to_string_lossy();
+        run_script(&["thaw-container", &state, namespace, pod, container]).map(drop)
     }
 
     /// Drops every packet from the pod at `pod_ip` to the API server (and

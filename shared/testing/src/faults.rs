@@ -37,6 +37,8 @@ pub enum Fault {
     /// the connection without passing it on: the provider acted, the caller
     /// does not know.
     DropResponse,
+    /// Forwards the request after waiting this long: a slow provider.
+    Slow(Duration),
 }
 
 /// A fault for the requests `matches` accepts, `times` of them (or all).
@@ -116,7 +118,13 @@ impl FaultProxy {
     /// A proxy on a free loopback port forwarding to `upstream` (e.g.
     /// `http://198.18.0.1:4566`).
     pub async fn start(upstream: &str) -> Result<Self, Error> {
-        let listener = TcpListener::bind("127.0.0.1:0")
+        Self::start_on(std::net::Ipv4Addr::LOCALHOST.into(), upstream).await
+    }
+
+    /// A proxy on a free port of `ip`: the address moto listens on lets pods
+    /// on the real nodes reach it too.
+    pub async fn start_on(ip: std::net::IpAddr, upstream: &str) -> Result<Self, Error> {
+        let listener = TcpListener::bind((ip, 0))
             .await
             .map_err(|e| Error::Setup(format!("fault proxy: {e}")))?;
         let address = listener
@@ -240,6 +248,10 @@ async fn handle(
         Some(Fault::DropResponse) => {
             forward(request, &client, &upstream).await?;
             Err("injected: response dropped".into())
+        }
+        Some(Fault::Slow(delay)) => {
+            tokio::time::sleep(delay).await;
+            forward(request, &client, &upstream).await
         }
         None => forward(request, &client, &upstream).await,
     }

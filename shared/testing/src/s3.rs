@@ -1,4 +1,5 @@
-//! An S3 client for the moto server, the fake AWS of the local cluster.
+//! S3 and Route53 clients for the moto server, the fake AWS of the local
+//! cluster.
 
 use aws_credential_types::Credentials;
 use aws_sdk_s3::config::{BehaviorVersion, Region};
@@ -20,6 +21,24 @@ pub fn client(endpoint: &str) -> aws_sdk_s3::Client {
         .force_path_style(true)
         .build();
     aws_sdk_s3::Client::from_conf(config)
+}
+
+/// A Route53 client for `endpoint` (moto serves every AWS service there),
+/// with moto's dummy credentials.
+pub fn route53(endpoint: &str) -> aws_sdk_route53::Client {
+    let config = aws_sdk_route53::Config::builder()
+        .behavior_version(aws_sdk_route53::config::BehaviorVersion::latest())
+        .endpoint_url(endpoint)
+        .region(aws_sdk_route53::config::Region::new("us-east-1"))
+        .credentials_provider(Credentials::new(
+            "testing",
+            "testing",
+            None,
+            None,
+            "cairn-testing",
+        ))
+        .build();
+    aws_sdk_route53::Client::from_conf(config)
 }
 
 /// Every key of `bucket` (under `prefix`), for tests that check what is stored.

@@ -161,19 +161,7 @@ pub async fn exists(name: &str) -> Result<bool> {
 
 /// A Route53 client for the local cluster's moto.
 pub fn route53() -> aws_sdk_route53::Client {
-    let config = aws_sdk_route53::Config::builder()
-        .behavior_version(aws_sdk_route53::config::BehaviorVersion::latest())
-        .endpoint_url(cluster().s3_endpoint())
-        .region(aws_sdk_route53::config::Region::new("us-east-1"))
-        .credentials_provider(aws_credential_types::Credentials::new(
-            "testing",
-            "testing",
-            None,
-            None,
-            "cairn-test",
-        ))
-        .build();
-    aws_sdk_route53::Client::from_conf(config)
+    cairn_testing::s3::route53(cluster().s3_endpoint())
 }
 
 /// The values of record set `name`/`type_` in `zone_id`, sorted; empty if
