@@ -22,7 +22,7 @@ fn backup(spec: serde_json::Value, status: serde_json::Value) -> Backup {
     let mut object = json!({
         "apiVersion": "backup.cairn.dev/v1", "kind": "Backup",
         "metadata": { "name": "nightly", "namespace": "shop", "uid": "u-1",
-                      "generation": 1, "resourceVersion": "7" },
+                      "generation": 1 },
         "spec": { "cluster": { "name": "orders" }, "method": "physical" },
         "status": status,
     });

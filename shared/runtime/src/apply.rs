@@ -141,6 +141,62 @@ where
 
 #[cfg(test)]
 mod tests {
+
+    #[tokio::test]
+    async fn a_status_computed_from_a_stale_read_is_refused() -> Result<(), kube::Error> {
+        use k8s_openapi::api::core::v1::Pod;
+        let (fake, client) = cairn_testing::fake_api::FakeApi::new();
+        let path = "/api/v1/namespaces/shop/pods/db-0";
+        fake.put(
+            path,
+            serde_json::json!({ "metadata": { "name": "db-0", "namespace": "shop" } }),
+        );
+        let api = Api::<Pod>::namespaced(client, "shop");
+        let read = api.get("db-0").await?;
+        fake.put(
+            path,
+            serde_json::json!({ "metadata": { "name": "db-0", "namespace": "shop" },
+                                           "status": { "phase": "Running" } }),
+        );
+        let stale = apply_status(
+            &api,
+            "cairn",
+            &read,
+            &serde_json::json!({ "phase": "Pending" }),
+        )
+        .await
+        .expect_err("written over a newer status");
+        assert!(
+            matches!(stale, kube::Error::Api(ref s) if s.code == 409),
+            "{stale}"
+        );
+        assert_eq!(
+            api.get("db-0")
+                .await?
+                .status
+                .and_then(|s| s.phase)
+                .as_deref(),
+            Some("Running")
+        );
+
+        let fresh = api.get("db-0").await?;
+        apply_status(
+            &api,
+            "cairn",
+            &fresh,
+            &serde_json::json!({ "phase": "Succeeded" }),
+        )
+        .await?;
+        assert_eq!(
+            api.get("db-0")
+                .await?
+                .status
+                .and_then(|s| s.phase)
+                .as_deref(),
+            Some("Succeeded")
+        );
+        Ok(())
+    }
     use super::*;
     use serde_json::json;
 

@@ -355,6 +355,15 @@ impl FakeApi {
                     .get(&object_path)
                     .cloned()
                     .unwrap_or(Value::Null);
+                // A write naming the resourceVersion it read is refused
+                // when the object has changed since, as a real server does.
+                let read = body["metadata"]["resourceVersion"].as_str();
+                let current = object["metadata"]["resourceVersion"].as_str();
+                if let (Some(read), Some(current)) = (read, current)
+                    && read != current
+                {
+                    return Ok(whole(status(409, "Conflict", &path)));
+                }
                 merge(&mut object, body);
                 let object = state.store(&object_path, object);
                 Ok(whole(json_response(
@@ -434,10 +443,22 @@ fn streaming(body: WatchBody) -> Answered {
     response
 }
 
-/// `patch`'s top-level fields replace `object`'s.
+/// `patch`'s top-level fields replace `object`'s, but for `metadata`,
+/// whose fields it sets one by one.
 fn merge(object: &mut Value, patch: Value) {
     match (object, patch) {
-        (Value::Object(fields), Value::Object(patch)) => fields.extend(patch),
+        (Value::Object(fields), Value::Object(patch)) => {
+            for (key, value) in patch {
+                match (fields.get_mut(&key), value) {
+                    (Some(Value::Object(metadata)), Value::Object(set)) if key == "metadata" => {
+                        metadata.extend(set)
+                    }
+                    (_, value) => {
+                        fields.insert(key, value);
+                    }
+                }
+            }
+        }
         (object, patch) => *object = patch,
     }
 }
