@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 
 use cairn_api::database::v1::DatabaseCluster;
 use cairn_testing::process::ControllerProcess;
-use cairn_testing::{Error, audit, cluster, wait};
-use common::{create, request_counts, rss_kib, start_controller, until_ready};
+use cairn_testing::{Error, cluster, wait};
+use common::{all_write_requests, create, request_counts, rss_kib, start_controller, until_ready};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams};
@@ -50,7 +50,7 @@ async fn main() -> Result<(), Error> {
     until_ready(&clusters, count, started).await?;
     let all_ready = started.elapsed();
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let writes = audit::write_requests(&local.audit_log())?;
+    let writes = all_write_requests(&local.audit_log())?;
     let controller_writes: Vec<_> = writes
         .iter()
         .filter(|w| w.user == user && w.namespace.as_deref() == Some(namespace.name.as_str()))
@@ -61,7 +61,7 @@ async fn main() -> Result<(), Error> {
     let idle_from = controller_writes.len();
     tokio::time::sleep(Duration::from_secs(60)).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let idle_writes = audit::write_requests(&local.audit_log())?
+    let idle_writes = all_write_requests(&local.audit_log())?
         .into_iter()
         .filter(|w| w.user == user && w.namespace.as_deref() == Some(namespace.name.as_str()))
         .skip(idle_from)
