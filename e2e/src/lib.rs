@@ -2,6 +2,7 @@
 //! file is one suite (`cargo test -p cairn-e2e --test <suite>`). This library
 //! holds what several suites share.
 
+pub mod chaos;
 pub mod real;
 
 use std::time::Duration;

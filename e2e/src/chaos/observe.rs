@@ -1,0 +1,561 @@
+//! What the chaos run looks at: the objects in its namespaces, the buckets
+//! and records in moto, the instances of the PostgreSQL cluster, the audit
+//! log and the controllers' metrics, fed to the [`invariants`] checks.
+//! A sample that cannot be taken (the API server is down) is skipped; the
+//! audit log misses nothing.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use cairn_api::backup::v1::{Backup, BackupPhase, BackupSchedule, SLOT_ANNOTATION};
+use cairn_api::cloud::v1alpha1::{DnsRecord, ObjectBucket, ProviderConfig};
+use cairn_api::database::v1::DatabaseCluster;
+use cairn_testing::audit::{Tail, WriteRequest};
+use cairn_testing::process::sample;
+use cairn_testing::{TestNamespace, cluster};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
+use kube::{Api, ResourceExt};
+
+use super::invariants::{self, Child, External, Invariant, SlotBackup, Tally};
+use super::workload::{REAL_CLUSTER, REAL_CLUSTER_RW, SCHEDULE, Workload};
+use super::{CONVERGENCE_BOUND, Result};
+use crate::real::{as_superuser, rows_present, stop_writer, until_acknowledged_after, writes};
+
+/// How long garbage collection (or a finalizer's cleanup) may take before a
+/// child without a live owner counts: longer than an API server outage.
+const ORPHAN_GRACE: Duration = Duration::from_secs(90);
+/// How often the objects are sampled.
+const SAMPLE_EVERY: Duration = Duration::from_secs(5);
+/// The most writes of one object by the controllers within a minute.
+const WRITES_PER_MINUTE: usize = 40;
+/// A controller's resident memory after the churn, against before it.
+const MEMORY_FACTOR: f64 = 2.0;
+
+pub struct Observer {
+    audit: Tail,
+    writes: Vec<WriteRequest>,
+    census: invariants::Census,
+    orphaned_since: HashMap<String, (Instant, String)>,
+    memory_before: BTreeMap<&'static str, f64>,
+    last_sample: Option<Instant>,
+    pub skipped_samples: u64,
+}
+
+impl Observer {
+    pub async fn new(workload: &Workload) -> Result<Self> {
+        let children = list_children(workload).await?.0;
+        Ok(Self {
+            audit: Tail::from_now(&cluster().audit_log())?,
+            writes: Vec::new(),
+            census: invariants::census(&children),
+            orphaned_since: HashMap::new(),
+            memory_before: memory(workload).await?,
+            last_sample: None,
+            skipped_samples: 0,
+        })
+    }
+
+    /// Samples the objects, if the last sample is old enough.
+    pub async fn sample(&mut self, workload: &Workload, tally: &mut Tally) {
+        if self
+            .last_sample
+            .is_some_and(|at| at.elapsed() < SAMPLE_EVERY)
+        {
+            return;
+        }
+        self.last_sample = Some(Instant::now());
+        if let Err(e) = self.sample_now(workload, tally).await {
+            self.skipped_samples += 1;
+            eprintln!("chaos: sample skipped: {e}");
+        }
+    }
+
+    async fn sample_now(&mut self, workload: &Workload, tally: &mut Tally) -> Result {
+        let (children, live) = list_children(workload).await?;
+        let orphans = invariants::children_without_live_owner(&children, &live);
+        let overdue = self.overdue(orphans);
+        tally.record(Invariant::ChildHasLiveOwner, overdue);
+        tally.record(
+            Invariant::NoDuplicateChild,
+            invariants::duplicate_children(&children, &self.census),
+        );
+        tally.record(
+            Invariant::OneBackupPerSlot,
+            invariants::backups_sharing_a_slot(&slot_backups(&workload.real).await?),
+        );
+        let (externals, cloud_objects) = externals(workload).await?;
+        tally.record(
+            Invariant::OneExternalResourcePerObject,
+            invariants::objects_with_several_externals(&externals, &cloud_objects),
+        );
+        let unowned = invariants::externals_without_live_owner(&externals, &cloud_objects);
+        let overdue = self.overdue(unowned);
+        tally.record(Invariant::ExternalResourceOwned, overdue);
+        tally.record(Invariant::OnePrimary, primaries(workload).await?);
+        Ok(())
+    }
+
+    /// The problems seen continuously for longer than the grace.
+    fn overdue(&mut self, found: Vec<(String, String)>) -> Vec<String> {
+        let now = Instant::now();
+        let keys: BTreeSet<&String> = found.iter().map(|(k, _)| k).collect();
+        self.orphaned_since.retain(|k, _| keys.contains(k));
+        let mut overdue = Vec::new();
+        for (key, evidence) in found {
+            let (since, _) = self
+                .orphaned_since
+                .entry(key)
+                .or_insert((now, evidence.clone()));
+            if since.elapsed() > ORPHAN_GRACE {
+                overdue.push(format!(
+                    "{evidence} (for {:.0} s)",
+                    since.elapsed().as_secs_f64()
+                ));
+            }
+        }
+        overdue
+    }
+
+    /// Waits until every object is Ready and the database acknowledges
+    /// writes again; the slowest object and its time.
+    pub async fn converge(
+        &mut self,
+        workload: &Workload,
+        tally: &mut Tally,
+    ) -> Result<(Duration, String)> {
+        let started = Instant::now();
+        let mut ready_at: BTreeMap<String, Duration> = BTreeMap::new();
+        let mut waiting = Vec::new();
+        while started.elapsed() < CONVERGENCE_BOUND {
+            match workload.readiness().await {
+                Ok(all) => {
+                    waiting.clear();
+                    for (name, ready, why) in all {
+                        if ready {
+                            ready_at.entry(name).or_insert(started.elapsed());
+                        } else {
+                            ready_at.remove(&name);
+                            waiting.push(format!(
+                                "{name} not Ready after {:.0} s: {why}",
+                                CONVERGENCE_BOUND.as_secs_f64()
+                            ));
+                        }
+                    }
+                    if waiting.is_empty() {
+                        break;
+                    }
+                }
+                Err(e) => waiting = vec![format!("cannot list the workload: {e}")],
+            }
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        let writing = until_acknowledged_after(&workload.real, 5).await;
+        if let Err(e) = writing {
+            waiting.push(format!("{REAL_CLUSTER} acknowledges no writes: {e}"));
+        }
+        tally.record(Invariant::Converges, waiting);
+        let slowest = ready_at
+            .into_iter()
+            .max_by_key(|(_, at)| *at)
+            .map(|(name, at)| (at, name))
+            .unwrap_or_default();
+        eprintln!(
+            "chaos: converged in {:.1} s (slowest {}: {:.1} s)",
+            started.elapsed().as_secs_f64(),
+            slowest.1,
+            slowest.0.as_secs_f64()
+        );
+        Ok(slowest)
+    }
+
+    /// The audit log's checks over everything written since the start.
+    pub fn audit(&mut self, workload: &Workload, tally: &mut Tally) -> Result {
+        self.writes.extend(self.audit.recorded()?);
+        for controller in &workload.controllers {
+            tally.record(
+                Invariant::OneWriterPerController,
+                invariants::writes_by_non_leaders(&self.writes, &controller.identity),
+            );
+        }
+        let users: BTreeSet<String> = workload
+            .controllers
+            .iter()
+            .map(|c| c.identity.user.clone())
+            .collect();
+        tally.record(
+            Invariant::BoundedWriteRate,
+            invariants::objects_written_too_often(&self.writes, &users, 60.0, WRITES_PER_MINUTE),
+        );
+        Ok(())
+    }
+
+    /// The end: no acknowledged row lost, memory back, and an idle minute
+    /// without a controller write (the writer and the schedule stopped, the
+    /// last Backup finished).
+    pub async fn finish(&mut self, workload: &Workload, tally: &mut Tally) -> Result {
+        let real = &workload.real;
+        stop_writer(real).await?;
+        let acknowledged: Vec<u64> = writes(real)
+            .await?
+            .iter()
+            .filter(|w| w.ok)
+            .map(|w| w.id)
+            .collect();
+        let present = rows_present(real, REAL_CLUSTER_RW).await?;
+        let lost = invariants::lost_rows(&acknowledged, &present);
+        eprintln!(
+            "chaos: {} writes acknowledged, {} rows present, {} lost",
+            acknowledged.len(),
+            present.len(),
+            lost.len()
+        );
+        tally.record(
+            Invariant::NoAcknowledgedRowLost,
+            lost.iter()
+                .map(|id| format!("acknowledged row {id} is missing"))
+                .collect(),
+        );
+
+        let memory_after = memory(workload).await?;
+        let mut grown = Vec::new();
+        for (chart, before) in &self.memory_before {
+            let after = memory_after.get(chart).copied().unwrap_or_default();
+            eprintln!(
+                "chaos: {chart} RSS {:.1} MiB before, {:.1} MiB after",
+                before / 1048576.0,
+                after / 1048576.0
+            );
+            if after > before * MEMORY_FACTOR {
+                grown.push(format!(
+                    "{chart}: {:.1} MiB after the churn, {:.1} MiB before",
+                    after / 1048576.0,
+                    before / 1048576.0
+                ));
+            }
+        }
+        tally.record(Invariant::MemoryReturns, grown);
+
+        real.api::<BackupSchedule>()
+            .patch(
+                SCHEDULE,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({ "spec": { "suspend": true } })),
+            )
+            .await?;
+        until_backups_finished(real).await?;
+        until_schedule_settled(real).await?;
+        self.audit(workload, tally)?;
+        let users: BTreeSet<String> = workload
+            .controllers
+            .iter()
+            .map(|c| c.identity.user.clone())
+            .collect();
+        let leases: BTreeSet<&str> = workload
+            .controllers
+            .iter()
+            .map(|c| c.identity.lease_name.as_str())
+            .collect();
+        let mut idle = Tail::from_now(&cluster().audit_log())?;
+        let unwanted = idle
+            .unwanted_within(Duration::from_secs(60), |w| {
+                users.contains(&w.user)
+                    && !(w.resource == "leases"
+                        && w.name.as_deref().is_some_and(|n| leases.contains(n)))
+            })
+            .await?;
+        tally.record(
+            Invariant::NoIdleWrites,
+            unwanted
+                .iter()
+                .map(|w| {
+                    format!(
+                        "{} {} {}/{} by {} at {}",
+                        w.verb,
+                        w.resource,
+                        w.namespace.as_deref().unwrap_or("-"),
+                        w.name.as_deref().unwrap_or("-"),
+                        w.user,
+                        w.received
+                    )
+                })
+                .collect(),
+        );
+        Ok(())
+    }
+}
+
+/// Every object of the kinds the controllers make in the run's namespaces:
+/// the ones labelled as Cairn's, and the uids of all (the live owners).
+async fn list_children(workload: &Workload) -> Result<(Vec<Child>, BTreeSet<String>)> {
+    let kinds = [
+        ApiResource::erase::<Service>(&()),
+        ApiResource::erase::<ConfigMap>(&()),
+        ApiResource::erase::<StatefulSet>(&()),
+        ApiResource::erase::<Secret>(&()),
+        ApiResource::erase::<PodDisruptionBudget>(&()),
+        ApiResource::erase::<ServiceAccount>(&()),
+        ApiResource::erase::<Role>(&()),
+        ApiResource::erase::<RoleBinding>(&()),
+        ApiResource::erase::<Lease>(&()),
+        ApiResource::erase::<Pod>(&()),
+        ApiResource::erase::<Backup>(&()),
+        ApiResource::erase::<BackupSchedule>(&()),
+        ApiResource::erase::<DatabaseCluster>(&()),
+        ApiResource::erase::<ObjectBucket>(&()),
+        ApiResource::erase::<DnsRecord>(&()),
+        ApiResource::erase::<ProviderConfig>(&()),
+    ];
+    let mut children = Vec::new();
+    let mut live = BTreeSet::new();
+    for ns in [&workload.real, &workload.kwok] {
+        for resource in &kinds {
+            let api = Api::<DynamicObject>::namespaced_with(ns.client.clone(), &ns.name, resource);
+            for object in api.list_metadata(&ListParams::default()).await?.items {
+                live.insert(object.uid().unwrap_or_default());
+                // A child names its owner in `instance`; the webhook's
+                // certificate, shared by the replicas, is nobody's child.
+                let labels = object.labels();
+                if labels
+                    .get("app.kubernetes.io/managed-by")
+                    .map(String::as_str)
+                    != Some("cairn")
+                    || !labels.contains_key("app.kubernetes.io/instance")
+                {
+                    continue;
+                }
+                let owner = object
+                    .owner_references()
+                    .iter()
+                    .find(|o| o.controller == Some(true))
+                    .map(|o| (o.kind.clone(), o.uid.clone()));
+                children.push(Child {
+                    kind: resource.kind.clone(),
+                    namespace: ns.name.clone(),
+                    name: object.name_any(),
+                    owner,
+                    component: labels.get("app.kubernetes.io/component").cloned(),
+                });
+            }
+        }
+    }
+    Ok((children, live))
+}
+
+async fn slot_backups(ns: &TestNamespace) -> Result<Vec<SlotBackup>> {
+    Ok(ns
+        .api::<Backup>()
+        .list_metadata(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter_map(|b| {
+            let slot = b.annotations().get(SLOT_ANNOTATION)?.clone();
+            let owner = b
+                .owner_references()
+                .iter()
+                .find(|o| o.kind == "BackupSchedule")?;
+            Some(SlotBackup {
+                schedule_uid: owner.uid.clone(),
+                slot,
+                name: b.name_any(),
+            })
+        })
+        .collect())
+}
+
+/// The run's buckets and A records in moto with their owner tags, and the
+/// live cloud objects (uid → name).
+async fn externals(workload: &Workload) -> Result<(Vec<External>, HashMap<String, String>)> {
+    let mut live = HashMap::new();
+    for b in workload
+        .real
+        .api::<ObjectBucket>()
+        .list_metadata(&ListParams::default())
+        .await?
+        .items
+    {
+        live.insert(
+            b.uid().unwrap_or_default(),
+            format!("ObjectBucket {}", b.name_any()),
+        );
+    }
+    for r in workload
+        .real
+        .api::<DnsRecord>()
+        .list_metadata(&ListParams::default())
+        .await?
+        .items
+    {
+        live.insert(
+            r.uid().unwrap_or_default(),
+            format!("DnsRecord {}", r.name_any()),
+        );
+    }
+    let s3 = cairn_testing::s3::client(cluster().s3_endpoint());
+    let prefix = format!("{}-", workload.real.name);
+    let mut externals = Vec::new();
+    for bucket in s3.list_buckets().send().await?.buckets() {
+        let name = bucket.name().unwrap_or_default();
+        if !name.starts_with(&prefix) {
+            continue;
+        }
+        let owner_uid = match s3.get_bucket_tagging().bucket(name).send().await {
+            Ok(tags) => tags
+                .tag_set()
+                .iter()
+                .find(|t| t.key() == "cairn.dev/owner-uid")
+                .map(|t| t.value().to_owned()),
+            Err(_) => None,
+        };
+        externals.push(External {
+            name: format!("bucket {name}"),
+            owner_uid,
+        });
+    }
+    let route53 = cairn_testing::s3::route53(cluster().s3_endpoint());
+    let sets = route53
+        .list_resource_record_sets()
+        .hosted_zone_id(&workload.zone_id)
+        .send()
+        .await?;
+    let owners: HashMap<String, String> = sets
+        .resource_record_sets()
+        .iter()
+        .filter(|s| s.name().starts_with("_cairn-owner-a."))
+        .filter_map(|s| {
+            let value = s.resource_records().first()?.value().trim_matches('"');
+            let uid = value.strip_prefix("cairn.dev/owner-uid=")?;
+            Some((
+                s.name().trim_start_matches("_cairn-owner-a.").to_owned(),
+                uid.to_owned(),
+            ))
+        })
+        .collect();
+    for set in sets.resource_record_sets() {
+        if set.r#type().as_str() == "A" {
+            externals.push(External {
+                name: format!("record {}", set.name()),
+                owner_uid: owners.get(set.name()).cloned(),
+            });
+        }
+    }
+    Ok((externals, live))
+}
+
+/// More than one instance of the PostgreSQL cluster out of recovery.
+async fn primaries(workload: &Workload) -> Result<Vec<String>> {
+    let pods = workload
+        .real
+        .api::<Pod>()
+        .list(&ListParams::default().labels(&format!(
+            "app.kubernetes.io/instance={REAL_CLUSTER},app.kubernetes.io/component=database"
+        )))
+        .await?
+        .items;
+    let mut primaries = Vec::new();
+    for pod in pods {
+        let name = pod.name_any();
+        let asked = tokio::time::timeout(
+            Duration::from_secs(5),
+            as_superuser(&workload.real, &name, "SELECT pg_is_in_recovery()"),
+        )
+        .await;
+        if let Ok(Ok(answer)) = asked
+            && answer == "f"
+        {
+            primaries.push(name);
+        }
+    }
+    Ok(if primaries.len() > 1 {
+        vec![format!(
+            "{} instances out of recovery at once: {}",
+            primaries.len(),
+            primaries.join(", ")
+        )]
+    } else {
+        vec![]
+    })
+}
+
+/// Each controller's largest resident memory among its replicas.
+async fn memory(workload: &Workload) -> Result<BTreeMap<&'static str, f64>> {
+    let mut memory = BTreeMap::new();
+    for controller in &workload.controllers {
+        let mut most: f64 = 0.0;
+        for pod in workload.controller_pods(controller).await? {
+            let path = format!(
+                "/api/v1/namespaces/{}/pods/{}:8080/proxy/metrics",
+                workload.real.name,
+                pod.name_any()
+            );
+            let series = format!(
+                "process_resident_memory_bytes{{controller=\"{}\"}}",
+                controller.name()
+            );
+            if let Ok(out) = cluster().kubectl(&["get", "--raw", &path]).await
+                && let Some(rss) = sample(&out.stdout, &series)
+            {
+                most = most.max(rss);
+            }
+        }
+        memory.insert(controller.chart, most);
+    }
+    Ok(memory)
+}
+
+/// Until no Backup is still to finish (at most five minutes).
+async fn until_backups_finished(ns: &TestNamespace) -> Result {
+    cairn_testing::wait::until(
+        "every Backup finished",
+        Duration::from_secs(300),
+        || async {
+            let backups = ns
+                .api::<Backup>()
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let running: Vec<String> = backups
+                .items
+                .iter()
+                .filter(|b| {
+                    !b.status
+                        .as_ref()
+                        .and_then(|s| s.phase)
+                        .is_some_and(|p| matches!(p, BackupPhase::Completed | BackupPhase::Failed))
+                })
+                .map(|b| b.name_any())
+                .collect();
+            if running.is_empty() {
+                Ok(Some(()))
+            } else {
+                Err(format!("running: {}", running.join(", ")))
+            }
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// Until the schedule's status describes its suspended spec and names no
+/// running Backup: its last write after the last Backup finished.
+async fn until_schedule_settled(ns: &TestNamespace) -> Result {
+    let schedules = ns.api::<BackupSchedule>();
+    cairn_testing::wait::for_object(
+        &schedules,
+        SCHEDULE,
+        "settled",
+        Duration::from_secs(120),
+        |s| {
+            s.status.as_ref().is_some_and(|status| {
+                status.active.is_empty() && status.observed_generation == s.metadata.generation
+            })
+        },
+    )
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,19 @@
+//! The chaos run: a fixed list of seeds, a few minutes each (see
+//! `e2e/src/chaos/` for what it does and checks). Other seeds and longer
+//! runs: `hack/chaos.sh [--seed N] [--minutes M]`, which runs this test with
+//! `CAIRN_CHAOS_SEEDS` and `CAIRN_CHAOS_MINUTES`. Not yet part of
+//! `hack/test.sh` (`test = false` in Cargo.toml): it fails on two findings
+//! still open, described in docs/chaos.md.
+
+use cairn_e2e::chaos::{self, Settings};
+
+/// The suite's seeds and minutes per seed.
+const SEEDS: [u64; 2] = [1, 2];
+const MINUTES: f64 = 2.0;
+
+#[tokio::test]
+async fn every_invariant_holds_under_chaos() -> chaos::Result {
+    let settings = Settings::from_env(&SEEDS, MINUTES)?;
+    let tally = chaos::run(&settings).await?;
+    chaos::assert_held(&tally)
+}
