@@ -14,10 +14,11 @@ use cairn_storage::StorageError;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::json;
 
 use crate::MANAGER;
 use crate::artifact::{self, Cleanup, Holds};
@@ -237,7 +238,19 @@ async fn write_status(
     backup: &Backup,
     status: &BackupStatus,
 ) -> Result<Backup, Error> {
-    Ok(cairn_runtime::apply::apply_status(api, MANAGER, backup, status).await?)
+    let patch = json!({
+        "apiVersion": "backup.cairn.dev/v1",
+        "kind": "Backup",
+        "metadata": { "resourceVersion": backup.resource_version() },
+        "status": status,
+    });
+    Ok(api
+        .patch_status(
+            &backup.name_any(),
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?)
 }
 
 /// A completed Backup's restore verification (`verify.rs`): its pod

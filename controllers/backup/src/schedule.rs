@@ -182,7 +182,17 @@ async fn write_status(
     schedule: &BackupSchedule,
     status: cairn_api::backup::v1::BackupScheduleStatus,
 ) -> Result<(), kube::Error> {
-    cairn_runtime::apply::apply_status(api, MANAGER, schedule, &status).await?;
+    let patch = json!({
+        "apiVersion": "backup.cairn.dev/v1",
+        "kind": "BackupSchedule",
+        "status": status,
+    });
+    api.patch_status(
+        &schedule.name_any(),
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
     Ok(())
 }
 

@@ -639,7 +639,17 @@ impl Report {
         if status == previous {
             return Ok(());
         }
-        cairn_runtime::apply::apply_status(api, MANAGER, object, &status).await?;
+        let patch = json!({
+            "apiVersion": M::api_version(&()),
+            "kind": M::kind(&()),
+            "status": status,
+        });
+        api.patch_status(
+            &object.name_any(),
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
         Ok(())
     }
 }

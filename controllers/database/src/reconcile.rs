@@ -121,15 +121,7 @@ impl Context {
 /// reconcile of an older copy would undo them: relabel the old primary, or
 /// fail over a second time.
 #[derive(Default)]
-pub struct Decisions(Mutex<HashMap<String, Written>>);
-
-/// A status write of this process: what it left, when, and its
-/// resourceVersion.
-struct Written {
-    recorded: Recorded,
-    at: Instant,
-    version: Option<String>,
-}
+pub struct Decisions(Mutex<HashMap<String, (Recorded, Instant)>>);
 
 /// How long a recorded decision may wait for the cache to show it; past
 /// that, something else changed the status and the cache is the truth.
@@ -161,24 +153,8 @@ impl Decisions {
         let mut decisions = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let key = key(written);
         if decision || decisions.contains_key(&key) {
-            let entry = Written {
-                recorded: Recorded::of(written),
-                at: Instant::now(),
-                version: written.resource_version(),
-            };
-            decisions.insert(key, entry);
+            decisions.insert(key, (Recorded::of(written), Instant::now()));
         }
-    }
-
-    /// The resourceVersion this process's last write left, if `cluster`
-    /// (read before it) does not show it yet: a reconcile that recorded a
-    /// decision writes its status over its own write, not over a stale read.
-    fn version_written_since(&self, cluster: &DatabaseCluster) -> Option<String> {
-        let decisions = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        decisions
-            .get(&key(cluster))
-            .filter(|written| written.recorded != Recorded::of(cluster))
-            .and_then(|written| written.version.clone())
     }
 
     /// Whether `cluster` is older than a decision recorded for it; forgets
@@ -186,8 +162,8 @@ impl Decisions {
     fn is_behind(&self, cluster: &DatabaseCluster) -> bool {
         let mut decisions = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let key = key(cluster);
-        let behind = decisions.get(&key).is_some_and(|written| {
-            written.recorded != Recorded::of(cluster) && written.at.elapsed() < CACHE_LAG_LIMIT
+        let behind = decisions.get(&key).is_some_and(|(recorded, at)| {
+            *recorded != Recorded::of(cluster) && at.elapsed() < CACHE_LAG_LIMIT
         });
         if !behind {
             decisions.remove(&key);
@@ -634,11 +610,7 @@ async fn record_decision(
         .patch_status(
             &cluster.name_any(),
             &PatchParams::default(),
-            // Decided from this read of the cluster: refused if it is stale.
-            &Patch::Merge(&json!({
-                "metadata": { "resourceVersion": cluster.resource_version() },
-                "status": replacing(&previous, fields),
-            })),
+            &Patch::Merge(&json!({ "status": replacing(&previous, fields) })),
         )
         .await?;
     ctx.decisions.written(&recorded, true);
@@ -1180,14 +1152,18 @@ async fn write_status(
         ctx.client.clone(),
         &cluster.namespace().unwrap_or_default(),
     );
-    let written = match ctx.decisions.version_written_since(cluster) {
-        Some(version) => {
-            let mut read = cluster.clone();
-            read.metadata.resource_version = Some(version);
-            cairn_runtime::apply::apply_status(&api, MANAGER, &read, &status).await?
-        }
-        None => cairn_runtime::apply::apply_status(&api, MANAGER, cluster, &status).await?,
-    };
+    let patch = json!({
+        "apiVersion": DatabaseCluster::api_version(&()),
+        "kind": DatabaseCluster::kind(&()),
+        "status": status,
+    });
+    let written = api
+        .patch_status(
+            &cluster.name_any(),
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
     ctx.decisions.written(&written, false);
     let reference = cluster.object_ref(&());
     for type_ in [READY, PROGRESSING, DEGRADED, CONTINUOUS_ARCHIVING] {

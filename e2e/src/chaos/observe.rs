@@ -132,6 +132,9 @@ impl Observer {
         let mut ready_at: BTreeMap<String, Duration> = BTreeMap::new();
         let mut waiting = Vec::new();
         while started.elapsed() < CONVERGENCE_BOUND {
+            if let Err(e) = ready_kwok_pods(&workload.kwok).await {
+                eprintln!("chaos: kwok pods not readied: {e}");
+            }
             match workload.readiness().await {
                 Ok(all) => {
                     waiting.clear();
@@ -558,4 +561,59 @@ async fn until_schedule_settled(ns: &TestNamespace) -> Result {
     )
     .await?;
     Ok(())
+}
+
+/// Does for kwok's pods what a kubelet does once its node is back: while
+/// the API server was down kwok could not renew its nodes' leases, the node
+/// lifecycle controller marked their pods NotReady, and kwok never marks a
+/// pod Ready again. A pod NotReady on a Ready node is marked Ready.
+async fn ready_kwok_pods(ns: &TestNamespace) -> Result {
+    use k8s_openapi::api::core::v1::Node;
+    let nodes = Api::<Node>::all(ns.client.clone())
+        .list(&ListParams::default())
+        .await?;
+    let ready_nodes: BTreeSet<String> = nodes
+        .items
+        .iter()
+        .filter(|n| {
+            has_true_condition(
+                n.status.as_ref().and_then(|s| s.conditions.as_ref()),
+                "Ready",
+            )
+        })
+        .map(|n| n.name_any())
+        .collect();
+    let pods = ns.api::<Pod>();
+    for pod in pods.list(&ListParams::default()).await?.items {
+        let status = pod.status.as_ref();
+        let on_ready_node = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_ref())
+            .is_some_and(|n| ready_nodes.contains(n));
+        let running = status.and_then(|s| s.phase.as_deref()) == Some("Running");
+        let ready = has_true_condition(status.and_then(|s| s.conditions.as_ref()), "Ready");
+        if on_ready_node && running && !ready && pod.metadata.deletion_timestamp.is_none() {
+            let patch = serde_json::json!({ "status": { "conditions": [
+                { "type": "Ready", "status": "True" },
+                { "type": "ContainersReady", "status": "True" },
+            ] } });
+            pods.patch_status(
+                &pod.name_any(),
+                &PatchParams::default(),
+                &Patch::Strategic(patch),
+            )
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+fn has_true_condition<C: serde::Serialize>(conditions: Option<&Vec<C>>, type_: &str) -> bool {
+    conditions.is_some_and(|all| {
+        all.iter().any(|c| {
+            let c = serde_json::to_value(c).unwrap_or_default();
+            c["type"] == type_ && c["status"] == "True"
+        })
+    })
 }
