@@ -252,16 +252,7 @@ impl<'a> Chaos<'a> {
 
     async fn delete_child(&mut self) -> Result<String> {
         let (client, ns, name) = self.some_cluster();
-        let kinds = [
-            ApiResource::erase::<Service>(&()),
-            ApiResource::erase::<ConfigMap>(&()),
-            ApiResource::erase::<StatefulSet>(&()),
-            ApiResource::erase::<Secret>(&()),
-            ApiResource::erase::<PodDisruptionBudget>(&()),
-            ApiResource::erase::<ServiceAccount>(&()),
-            ApiResource::erase::<Lease>(&()),
-            ApiResource::erase::<Pod>(&()),
-        ];
+        let kinds = deletable_kinds();
         let resource = self.rng.pick(&kinds).cloned().ok_or("no kinds")?;
         let api = Api::<DynamicObject>::namespaced_with(client.clone(), &ns, &resource);
         let children = api
@@ -571,6 +562,21 @@ impl<'a> Chaos<'a> {
         backups.delete(&name, &DeleteParams::default()).await?;
         Ok(format!("deleted Backup {name}"))
     }
+}
+
+/// The kinds of child a chaos run deletes (and the observer lists, with
+/// more).
+pub fn deletable_kinds() -> Vec<ApiResource> {
+    vec![
+        ApiResource::erase::<Service>(&()),
+        ApiResource::erase::<ConfigMap>(&()),
+        ApiResource::erase::<StatefulSet>(&()),
+        ApiResource::erase::<Secret>(&()),
+        ApiResource::erase::<PodDisruptionBudget>(&()),
+        ApiResource::erase::<ServiceAccount>(&()),
+        ApiResource::erase::<Lease>(&()),
+        ApiResource::erase::<Pod>(&()),
+    ]
 }
 
 /// Deletes `name` and waits (at most a minute) until it is gone, so that a

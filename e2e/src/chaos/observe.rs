@@ -13,10 +13,7 @@ use cairn_api::database::v1::DatabaseCluster;
 use cairn_testing::audit::{Tail, WriteRequest};
 use cairn_testing::process::sample;
 use cairn_testing::{TestNamespace, cluster};
-use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
@@ -295,24 +292,17 @@ impl Observer {
 /// Every object of the kinds the controllers make in the run's namespaces:
 /// the ones labelled as Cairn's, and the uids of all (the live owners).
 async fn list_children(workload: &Workload) -> Result<(Vec<Child>, BTreeSet<String>)> {
-    let kinds = [
-        ApiResource::erase::<Service>(&()),
-        ApiResource::erase::<ConfigMap>(&()),
-        ApiResource::erase::<StatefulSet>(&()),
-        ApiResource::erase::<Secret>(&()),
-        ApiResource::erase::<PodDisruptionBudget>(&()),
-        ApiResource::erase::<ServiceAccount>(&()),
+    let mut kinds = super::actions::deletable_kinds();
+    kinds.extend([
         ApiResource::erase::<Role>(&()),
         ApiResource::erase::<RoleBinding>(&()),
-        ApiResource::erase::<Lease>(&()),
-        ApiResource::erase::<Pod>(&()),
         ApiResource::erase::<Backup>(&()),
         ApiResource::erase::<BackupSchedule>(&()),
         ApiResource::erase::<DatabaseCluster>(&()),
         ApiResource::erase::<ObjectBucket>(&()),
         ApiResource::erase::<DnsRecord>(&()),
         ApiResource::erase::<ProviderConfig>(&()),
-    ];
+    ]);
     let mut children = Vec::new();
     let mut live = BTreeSet::new();
     for ns in [&workload.real, &workload.kwok] {
