@@ -7,14 +7,14 @@ use std::sync::Arc;
 
 use cairn_api::backup::v1::{Backup, BackupSchedule, SCHEDULE_LABEL};
 use cairn_api::database::v1::DatabaseCluster;
+use cairn_runtime::apply::apply_status;
 use cairn_runtime::conditions;
 use cairn_runtime::manager::Recheck;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, PostParams};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
-use serde_json::json;
 
 use crate::MANAGER;
 use crate::artifact::{self, Window};
@@ -78,15 +78,7 @@ pub async fn reconcile(schedule: Arc<BackupSchedule>, ctx: Arc<Context>) -> Resu
             message: "replaced by the schedule's next slot (concurrencyPolicy Replace)".into(),
         };
         if let Some(status) = plan::status(backup, &replaced, now) {
-            let patch = json!({
-                "apiVersion": "backup.cairn.dev/v1", "kind": "Backup", "status": status,
-            });
-            api.patch_status(
-                running,
-                &PatchParams::apply(MANAGER).force(),
-                &Patch::Apply(&patch),
-            )
-            .await?;
+            apply_status(&api, MANAGER, backup, &status).await?;
         }
     }
     if let Some(backup) = &plan.create {
@@ -182,17 +174,7 @@ async fn write_status(
     schedule: &BackupSchedule,
     status: cairn_api::backup::v1::BackupScheduleStatus,
 ) -> Result<(), kube::Error> {
-    let patch = json!({
-        "apiVersion": "backup.cairn.dev/v1",
-        "kind": "BackupSchedule",
-        "status": status,
-    });
-    api.patch_status(
-        &schedule.name_any(),
-        &PatchParams::apply(MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await?;
+    apply_status(api, MANAGER, schedule, &status).await?;
     Ok(())
 }
 

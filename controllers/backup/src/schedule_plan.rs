@@ -233,15 +233,14 @@ pub fn plan(
     set("BackupsHealthy", healthy, reason, message);
     // A verification's outcome comes after its Backup completed.
     let verifying = backups.iter().any(|b| verification_pending(b));
+    // A running Backup's end changes the status, suspended or not, and
+    // nothing watched announces it.
+    let busy = (!status.active.is_empty() || verifying).then_some(WHILE_ACTIVE);
     let recheck = next
         .map(|next| Duration::from_secs(next.duration_since(now).as_secs().max(1) as u64))
-        .map(|until| {
-            if status.active.is_empty() && !verifying {
-                until
-            } else {
-                until.min(WHILE_ACTIVE)
-            }
-        });
+        .into_iter()
+        .chain(busy)
+        .min();
     Plan {
         create,
         replace,
@@ -554,10 +553,23 @@ mod tests {
     fn suspension_a_missed_deadline_and_forbid_skip_the_slot() {
         let running = [backup("nightly-202611250300", "Running", "")];
         let suspended = schedule(json!({ "suspend": true }), json!({}));
+        let idle = plan_at(&suspended, &[], "2026-11-26T03:10:00Z");
+        assert!(idle.skipped.is_some());
+        assert_eq!(idle.recheck, None, "nothing to look at until resumed");
+        // Suspended with a Backup still running: looked at again until it
+        // ends, so that `active` stops naming it.
+        let winding_down = plan_at(&suspended, &running, "2026-11-26T03:10:00Z");
+        assert_eq!(winding_down.recheck, Some(WHILE_ACTIVE));
+        let done = [backup(
+            "nightly-202611250300",
+            "Completed",
+            "2026-11-25T03:20:00Z",
+        )];
         assert!(
-            plan_at(&suspended, &[], "2026-11-26T03:10:00Z")
-                .skipped
-                .is_some()
+            plan_at(&suspended, &done, "2026-11-26T03:10:00Z")
+                .status
+                .active
+                .is_empty()
         );
         let strict = schedule(json!({ "startingDeadlineSeconds": 300 }), json!({}));
         assert!(

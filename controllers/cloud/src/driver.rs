@@ -639,17 +639,7 @@ impl Report {
         if status == previous {
             return Ok(());
         }
-        let patch = json!({
-            "apiVersion": M::api_version(&()),
-            "kind": M::kind(&()),
-            "status": status,
-        });
-        api.patch_status(
-            &object.name_any(),
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await?;
+        apply::apply_status(api, MANAGER, object, &status).await?;
         Ok(())
     }
 }

@@ -13,10 +13,8 @@ use cairn_runtime::finalizers;
 use cairn_runtime::manager::Recheck;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
-use serde_json::json;
 
 use crate::driver::{Context, Error, MANAGER, Managed};
 use crate::external::{CloudError, fail};
@@ -267,17 +265,7 @@ async fn write_status(
     if status == previous {
         return Ok(());
     }
-    let patch = json!({
-        "apiVersion": ProviderConfig::api_version(&()),
-        "kind": ProviderConfig::kind(&()),
-        "status": status,
-    });
-    api.patch_status(
-        &config.name_any(),
-        &PatchParams::apply(MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await?;
+    cairn_runtime::apply::apply_status(api, MANAGER, config, &status).await?;
     Ok(())
 }
 

@@ -13,7 +13,7 @@ use cairn_api::database::v1::{
     DatabaseCluster, DatabaseClusterStatus, FailoverRecord, SwitchoverRecord,
 };
 use cairn_api::validate;
-use cairn_runtime::apply::apply;
+use cairn_runtime::apply::{apply, apply_status};
 use cairn_runtime::certs::{self, Authority};
 use cairn_runtime::conditions::Time;
 use cairn_runtime::events;
@@ -1152,18 +1152,10 @@ async fn write_status(
         ctx.client.clone(),
         &cluster.namespace().unwrap_or_default(),
     );
-    let patch = json!({
-        "apiVersion": DatabaseCluster::api_version(&()),
-        "kind": DatabaseCluster::kind(&()),
-        "status": status,
-    });
-    let written = api
-        .patch_status(
-            &cluster.name_any(),
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await?;
+    let Some(written) = apply_status(&api, MANAGER, cluster, &status).await? else {
+        // Written already over the version the cache shows (it lags).
+        return Ok(());
+    };
     ctx.decisions.written(&written, false);
     let reference = cluster.object_ref(&());
     for type_ in [READY, PROGRESSING, DEGRADED, CONTINUOUS_ARCHIVING] {

@@ -247,8 +247,17 @@ impl Observer {
                 &Patch::Merge(serde_json::json!({ "spec": { "suspend": true } })),
             )
             .await?;
-        until_backups_finished(real).await?;
-        until_schedule_settled(real).await?;
+        // Both bound the idle minute's start; a Backup or a schedule that
+        // never settles is a convergence failure, still followed by the
+        // audit's checks.
+        let settled = match until_backups_finished(real).await {
+            Ok(()) => until_schedule_settled(real).await,
+            Err(e) => Err(e),
+        };
+        tally.record(
+            Invariant::Converges,
+            settled.err().map(|e| e.to_string()).into_iter().collect(),
+        );
         self.audit(workload, tally)?;
         let users: BTreeSet<String> = workload
             .controllers

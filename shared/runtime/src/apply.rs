@@ -1,7 +1,12 @@
 //! Server-side apply that sends nothing when nothing would change: at steady
 //! state a controller makes zero write requests.
 
+use std::collections::HashMap;
 use std::fmt::Debug;
+use std::sync::{LazyLock, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Resource, ResourceExt};
@@ -31,8 +36,16 @@ where
     K: Resource + Clone + Debug + Serialize + DeserializeOwned,
     K::DynamicType: Default,
 {
+    let desired_value = to_value(desired)?;
+    let key = written_key(desired, "");
     if let Some(current) = current {
-        match difference(&to_value(current)?, &to_value(desired)?) {
+        if recently_written_over(&key, &desired_value, current) {
+            // The cache has not shown our last apply of this very state yet
+            // (it lags, e.g. after a watch failed): applying again would
+            // change nothing, at every requeue.
+            return Ok((current.clone(), Outcome::Unchanged));
+        }
+        match difference(&to_value(current)?, &desired_value) {
             None => return Ok((current.clone(), Outcome::Unchanged)),
             // Says why a write happened: a field that never settles (a
             // default the server fills in differently) shows up here.
@@ -51,7 +64,104 @@ where
             &Patch::Apply(desired),
         )
         .await?;
+    if let Some(current) = current {
+        remember_written(key, desired_value, current);
+    }
     Ok((applied, Outcome::Applied))
+}
+
+/// Applies `status` to the status of `object` (as the controller read it,
+/// from its cache) with field manager `manager`, unless this process wrote
+/// exactly this status over the version `object` still shows. A cache that
+/// lags this process's own write (a new leader's, after an API server
+/// outage) would otherwise have the same status written, and its
+/// transitions announced, again at every requeue. The object as written, or
+/// `None` when nothing was sent.
+pub async fn apply_status<K>(
+    api: &Api<K>,
+    manager: &str,
+    object: &K,
+    status: &impl Serialize,
+) -> Result<Option<K>, kube::Error>
+where
+    K: Resource + Clone + Debug + DeserializeOwned,
+    K::DynamicType: Default,
+{
+    let status = to_value(status)?;
+    let key = written_key(object, "/status");
+    if recently_written_over(&key, &status, object) {
+        return Ok(None);
+    }
+    let dynamic = K::DynamicType::default();
+    let patch = serde_json::json!({
+        "apiVersion": K::api_version(&dynamic),
+        "kind": K::kind(&dynamic),
+        "status": status,
+    });
+    let written = api
+        .patch_status(
+            &object.name_any(),
+            &PatchParams::apply(manager).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
+    remember_written(key, status, object);
+    Ok(Some(written))
+}
+
+/// How long a write is taken as known to a cache that has not shown it: a
+/// cache lagging longer than this gets the write once more (harmless).
+const WRITTEN_MEMORY: Duration = Duration::from_secs(30);
+
+/// This process's last write of an object (or of its status): what it
+/// wrote, the version of the object it wrote over, and when.
+struct Written {
+    desired: Value,
+    over_version: Option<String>,
+    at: Instant,
+}
+
+static WRITTEN: LazyLock<Mutex<HashMap<String, Written>>> = LazyLock::new(Default::default);
+
+fn written() -> std::sync::MutexGuard<'static, HashMap<String, Written>> {
+    WRITTEN.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn written_key<K: Resource>(object: &K, part: &str) -> String
+where
+    K::DynamicType: Default,
+{
+    format!(
+        "{}/{}/{}{part}",
+        K::kind(&Default::default()),
+        object.namespace().unwrap_or_default(),
+        object.name_any()
+    )
+}
+
+/// Whether exactly `desired` was written over the version `current` still
+/// shows, within [`WRITTEN_MEMORY`]. Another version (someone changed or
+/// recreated the object, or the cache caught up) never matches.
+fn recently_written_over<K: Resource>(key: &str, desired: &Value, current: &K) -> bool {
+    written().get(key).is_some_and(|last| {
+        last.at.elapsed() < WRITTEN_MEMORY
+            && last.over_version.is_some()
+            && last.over_version == current.resource_version()
+            && last.desired == *desired
+    })
+}
+
+fn remember_written<K: Resource>(key: String, desired: Value, current: &K) {
+    let mut written = written();
+    written.retain(|_, last| last.at.elapsed() < WRITTEN_MEMORY);
+    written.insert(
+        key,
+        Written {
+            desired,
+            over_version: current.resource_version(),
+            at: Instant::now(),
+        },
+    );
 }
 
 fn to_value(object: &impl Serialize) -> Result<Value, kube::Error> {
@@ -106,95 +216,119 @@ fn is_empty(value: &Value) -> bool {
     }
 }
 
-/// Applies `status` to the status of `object` (as the controller read it,
-/// e.g. from its cache) with field manager `manager`, only if the object
-/// has not changed since: the `resourceVersion` read is a precondition, and
-/// a stale read gets 409 Conflict, a transient error, instead of a write.
-/// A status is computed from the status read (conditions keep their
-/// transition time, Events mark transitions): written from a cache that
-/// lags (a new leader's, after an API server outage), it would flip back
-/// what a newer write set, and announce it again, at every requeue.
-pub async fn apply_status<K>(
-    api: &Api<K>,
-    manager: &str,
-    object: &K,
-    status: &impl Serialize,
-) -> Result<K, kube::Error>
-where
-    K: Resource + Clone + Debug + DeserializeOwned,
-    K::DynamicType: Default,
-{
-    let dynamic = K::DynamicType::default();
-    let patch = serde_json::json!({
-        "apiVersion": K::api_version(&dynamic),
-        "kind": K::kind(&dynamic),
-        "metadata": { "resourceVersion": object.resource_version() },
-        "status": status,
-    });
-    api.patch_status(
-        &object.name_any(),
-        &PatchParams::apply(manager).force(),
-        &Patch::Apply(&patch),
-    )
-    .await
-}
-
 #[cfg(test)]
 mod tests {
 
-    #[tokio::test]
-    async fn a_status_computed_from_a_stale_read_is_refused() -> Result<(), kube::Error> {
-        use k8s_openapi::api::core::v1::Pod;
+    #[tokio::test(start_paused = true)]
+    async fn an_apply_the_lagging_cache_has_not_shown_is_not_repeated() -> Result<(), kube::Error> {
+        use k8s_openapi::api::core::v1::ConfigMap;
         let (fake, client) = cairn_testing::fake_api::FakeApi::new();
-        let path = "/api/v1/namespaces/shop/pods/db-0";
+        let path = "/api/v1/namespaces/shop/configmaps/lagging";
         fake.put(
             path,
+            serde_json::json!({ "metadata": { "name": "lagging", "namespace": "shop" },
+                                           "data": { "k": "old" } }),
+        );
+        let api = Api::<ConfigMap>::namespaced(client, "shop");
+        let cached = api.get("lagging").await?;
+        let desired: ConfigMap = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "lagging", "namespace": "shop" }, "data": { "k": "new" } }))
+        .expect("a ConfigMap");
+        let patches = || fake.writes().len();
+
+        assert_eq!(
+            apply(&api, "cairn", &desired, Some(&cached)).await?.1,
+            Outcome::Applied
+        );
+        assert_eq!(patches(), 1);
+        // The cache still shows the version it was applied over.
+        assert_eq!(
+            apply(&api, "cairn", &desired, Some(&cached)).await?.1,
+            Outcome::Unchanged
+        );
+        assert_eq!(patches(), 1, "not applied again over the same version");
+
+        // Someone changed it since: the cache shows a newer version.
+        let changed = api.get("lagging").await?;
+        let mut edited = changed.clone();
+        edited.metadata.resource_version = Some("999".into());
+        edited.data = Some([("k".to_owned(), "edited".to_owned())].into());
+        assert_eq!(
+            apply(&api, "cairn", &desired, Some(&edited)).await?.1,
+            Outcome::Applied
+        );
+        assert_eq!(patches(), 2);
+
+        // A cache lagging past the memory gets the apply again.
+        tokio::time::advance(WRITTEN_MEMORY + Duration::from_secs(1)).await;
+        assert_eq!(
+            apply(&api, "cairn", &desired, Some(&edited)).await?.1,
+            Outcome::Applied
+        );
+        assert_eq!(patches(), 3);
+        Ok(())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_status_the_lagging_cache_has_not_shown_is_not_written_again()
+    -> Result<(), kube::Error> {
+        use k8s_openapi::api::core::v1::Pod;
+        let (fake, client) = cairn_testing::fake_api::FakeApi::new();
+        fake.put(
+            "/api/v1/namespaces/shop/pods/db-0",
             serde_json::json!({ "metadata": { "name": "db-0", "namespace": "shop" } }),
         );
         let api = Api::<Pod>::namespaced(client, "shop");
-        let read = api.get("db-0").await?;
-        fake.put(
-            path,
-            serde_json::json!({ "metadata": { "name": "db-0", "namespace": "shop" },
-                                           "status": { "phase": "Running" } }),
-        );
-        let stale = apply_status(
-            &api,
-            "cairn",
-            &read,
-            &serde_json::json!({ "phase": "Pending" }),
-        )
-        .await
-        .expect_err("written over a newer status");
-        assert!(
-            matches!(stale, kube::Error::Api(ref s) if s.code == 409),
-            "{stale}"
-        );
+        let cached = api.get("db-0").await?;
+        let running = serde_json::json!({ "phase": "Running" });
+        let writes = || fake.writes().len();
+
+        let written = apply_status(&api, "cairn", &cached, &running).await?;
         assert_eq!(
-            api.get("db-0")
-                .await?
-                .status
+            written
+                .and_then(|p| p.status)
                 .and_then(|s| s.phase)
                 .as_deref(),
             Some("Running")
         );
-
-        let fresh = api.get("db-0").await?;
-        apply_status(
-            &api,
-            "cairn",
-            &fresh,
-            &serde_json::json!({ "phase": "Succeeded" }),
-        )
-        .await?;
-        assert_eq!(
-            api.get("db-0")
+        assert_eq!(writes(), 1);
+        // The cache still shows the version the status was written over.
+        assert!(
+            apply_status(&api, "cairn", &cached, &running)
                 .await?
-                .status
-                .and_then(|s| s.phase)
-                .as_deref(),
-            Some("Succeeded")
+                .is_none()
         );
+        assert_eq!(
+            writes(),
+            1,
+            "the same status written again over one version"
+        );
+
+        // Another status over the same version is a new decision: written.
+        let failed = serde_json::json!({ "phase": "Failed" });
+        assert!(
+            apply_status(&api, "cairn", &cached, &failed)
+                .await?
+                .is_some()
+        );
+        assert_eq!(writes(), 2);
+
+        // A newer version (the cache caught up, or someone else wrote) is
+        // compared afresh, and so is a cache lagging past the memory.
+        let fresh = api.get("db-0").await?;
+        assert!(
+            apply_status(&api, "cairn", &fresh, &running)
+                .await?
+                .is_some()
+        );
+        assert_eq!(writes(), 3);
+        tokio::time::advance(WRITTEN_MEMORY + Duration::from_secs(1)).await;
+        assert!(
+            apply_status(&api, "cairn", &fresh, &running)
+                .await?
+                .is_some()
+        );
+        assert_eq!(writes(), 4);
         Ok(())
     }
     use super::*;
