@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
+use std::time::{Duration, Instant};
 
 use cairn_testing::audit::WriteRequest;
 
@@ -403,8 +404,66 @@ fn seconds(rfc3339: &str) -> Option<f64> {
     Some(at.as_millisecond() as f64 / 1000.0)
 }
 
+/// Problems that count only once seen in every sample for longer than a
+/// grace (an orphan awaiting garbage collection), per invariant: one
+/// invariant's findings never restart another's clock.
+#[derive(Debug, Default)]
+pub struct Grace {
+    since: HashMap<Invariant, HashMap<String, Instant>>,
+}
+
+impl Grace {
+    /// Of `found` (key, evidence) for `invariant` at `now`, the evidence of
+    /// those found continuously for longer than `grace`. A key missing from
+    /// `found` starts over.
+    pub fn overdue(
+        &mut self,
+        invariant: Invariant,
+        found: Vec<(String, String)>,
+        grace: Duration,
+        now: Instant,
+    ) -> Vec<String> {
+        let since = self.since.entry(invariant).or_default();
+        since.retain(|key, _| found.iter().any(|(k, _)| k == key));
+        found
+            .into_iter()
+            .filter_map(|(key, evidence)| {
+                let for_ = now.duration_since(*since.entry(key).or_insert(now));
+                (for_ > grace).then(|| format!("{evidence} (for {:.0} s)", for_.as_secs_f64()))
+            })
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_orphan_counts_past_the_grace_whatever_else_is_found() {
+        let grace = Duration::from_secs(90);
+        let start = Instant::now();
+        let at = |s: u64| start + Duration::from_secs(s);
+        let orphan = || vec![("ConfigMap a/pg-config".to_owned(), "no owner".to_owned())];
+        let mut seen = Grace::default();
+        for s in [0, 30, 60, 90] {
+            assert!(
+                seen.overdue(Invariant::ChildHasLiveOwner, orphan(), grace, at(s))
+                    .is_empty()
+            );
+            // Another invariant with nothing found, sampled in between.
+            seen.overdue(Invariant::ExternalResourceOwned, vec![], grace, at(s));
+        }
+        assert_eq!(
+            seen.overdue(Invariant::ChildHasLiveOwner, orphan(), grace, at(120)),
+            vec!["no owner (for 120 s)".to_owned()]
+        );
+        // Gone for one sample (collected): its clock starts over.
+        seen.overdue(Invariant::ChildHasLiveOwner, vec![], grace, at(125));
+        assert!(
+            seen.overdue(Invariant::ChildHasLiveOwner, orphan(), grace, at(150))
+                .is_empty()
+        );
+    }
+
     use super::*;
 
     fn write(pod: &str, resource: &str, name: &str, at: &str) -> WriteRequest {

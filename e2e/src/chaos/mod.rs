@@ -121,6 +121,7 @@ pub async fn run(settings: &Settings) -> Result<Tally> {
         slowest.1
     );
     eprintln!("{}", tally.table());
+    workload.uninstall().await?;
     Ok(tally)
 }
 

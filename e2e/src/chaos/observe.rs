@@ -18,7 +18,7 @@ use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 
-use super::invariants::{self, Child, External, Invariant, SlotBackup, Tally};
+use super::invariants::{self, Child, External, Grace, Invariant, SlotBackup, Tally};
 use super::workload::{REAL_CLUSTER, REAL_CLUSTER_RW, SCHEDULE, Workload};
 use super::{CONVERGENCE_BOUND, Result};
 use crate::real::{as_superuser, rows_present, stop_writer, until_acknowledged_after, writes};
@@ -37,7 +37,7 @@ pub struct Observer {
     audit: Tail,
     writes: Vec<WriteRequest>,
     census: invariants::Census,
-    orphaned_since: HashMap<String, (Instant, String)>,
+    grace: Grace,
     memory_before: BTreeMap<&'static str, f64>,
     last_sample: Option<Instant>,
     pub skipped_samples: u64,
@@ -50,7 +50,7 @@ impl Observer {
             audit: Tail::from_now(&cluster().audit_log())?,
             writes: Vec::new(),
             census: invariants::census(&children),
-            orphaned_since: HashMap::new(),
+            grace: Grace::default(),
             memory_before: memory(workload).await?,
             last_sample: None,
             skipped_samples: 0,
@@ -75,7 +75,10 @@ impl Observer {
     async fn sample_now(&mut self, workload: &Workload, tally: &mut Tally) -> Result {
         let (children, live) = list_children(workload).await?;
         let orphans = invariants::children_without_live_owner(&children, &live);
-        let overdue = self.overdue(orphans);
+        let now = Instant::now();
+        let overdue = self
+            .grace
+            .overdue(Invariant::ChildHasLiveOwner, orphans, ORPHAN_GRACE, now);
         tally.record(Invariant::ChildHasLiveOwner, overdue);
         tally.record(
             Invariant::NoDuplicateChild,
@@ -91,31 +94,12 @@ impl Observer {
             invariants::objects_with_several_externals(&externals, &cloud_objects),
         );
         let unowned = invariants::externals_without_live_owner(&externals, &cloud_objects);
-        let overdue = self.overdue(unowned);
+        let overdue =
+            self.grace
+                .overdue(Invariant::ExternalResourceOwned, unowned, ORPHAN_GRACE, now);
         tally.record(Invariant::ExternalResourceOwned, overdue);
         tally.record(Invariant::OnePrimary, primaries(workload).await?);
         Ok(())
-    }
-
-    /// The problems seen continuously for longer than the grace.
-    fn overdue(&mut self, found: Vec<(String, String)>) -> Vec<String> {
-        let now = Instant::now();
-        let keys: BTreeSet<&String> = found.iter().map(|(k, _)| k).collect();
-        self.orphaned_since.retain(|k, _| keys.contains(k));
-        let mut overdue = Vec::new();
-        for (key, evidence) in found {
-            let (since, _) = self
-                .orphaned_since
-                .entry(key)
-                .or_insert((now, evidence.clone()));
-            if since.elapsed() > ORPHAN_GRACE {
-                overdue.push(format!(
-                    "{evidence} (for {:.0} s)",
-                    since.elapsed().as_secs_f64()
-                ));
-            }
-        }
-        overdue
     }
 
     /// Waits until every object is Ready and the database acknowledges

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use cairn_api::backup::v1::BackupSchedule;
+use cairn_api::backup::v1::{Backup, BackupSchedule};
 use cairn_api::cloud::v1alpha1::{DnsRecord, ObjectBucket, ProviderConfig};
 use cairn_api::database::v1::{DatabaseCluster, ReplicationSpec};
 use cairn_testing::faults::FaultProxy;
@@ -241,6 +241,31 @@ impl Workload {
             .items)
     }
 
+    /// `helm uninstall` of the three releases: their cluster-wide objects
+    /// (ClusterRoles and their bindings, which watch every namespace) would
+    /// outlive the namespaces, and the suite's next tests share the cluster.
+    /// First the objects with finalizers go, while their controllers still
+    /// run to clean up (else the namespace would stay Terminating).
+    pub async fn uninstall(&self) -> Result {
+        delete_all::<Backup>(&self.real).await?;
+        delete_all::<BackupSchedule>(&self.real).await?;
+        delete_all::<ObjectBucket>(&self.real).await?;
+        delete_all::<DnsRecord>(&self.real).await?;
+        delete_all::<ProviderConfig>(&self.real).await?;
+        for controller in &self.controllers {
+            cluster()
+                .helm(&[
+                    "uninstall",
+                    &controller.deployment,
+                    "--namespace",
+                    &self.real.name,
+                    "--wait",
+                ])
+                .await?;
+        }
+        Ok(())
+    }
+
     /// The pod holding a controller's leader Lease, if any.
     pub async fn leader(&self, controller: &ControllerInstall) -> Result<Option<String>> {
         let lease = self
@@ -402,4 +427,36 @@ fn url_host(url: &str) -> Result<String> {
         .nth(1)
         .ok_or("an endpoint without scheme")?;
     Ok(rest.split([':', '/']).next().unwrap_or_default().to_owned())
+}
+
+/// Deletes every `K` in `ns` and waits until they are gone (their
+/// finalizers done).
+async fn delete_all<K>(ns: &TestNamespace) -> Result
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned,
+    K::DynamicType: Default,
+{
+    let api = ns.api::<K>();
+    api.delete_collection(&Default::default(), &ListParams::default())
+        .await?;
+    wait::until(
+        &format!("every {} gone", K::kind(&Default::default())),
+        Duration::from_secs(180),
+        || async {
+            let left = api
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            if left.items.is_empty() {
+                Ok(Some(()))
+            } else {
+                Err(format!("{} left", left.items.len()))
+            }
+        },
+    )
+    .await?;
+    Ok(())
 }
