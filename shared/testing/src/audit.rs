@@ -4,6 +4,7 @@
 //! must make none.
 
 use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -40,39 +41,76 @@ pub fn write_requests(log: &Path) -> Result<Vec<WriteRequest>, Error> {
     Ok(parse(&text))
 }
 
+fn unreadable(log: &Path, e: std::io::Error) -> Error {
+    Error::Setup(format!("cannot read audit log {}: {e}", log.display()))
+}
+
+/// The bytes of `file` from `offset` on.
+fn read_from(file: &Path, offset: u64) -> Result<Vec<u8>, Error> {
+    let mut opened = std::fs::File::open(file).map_err(|e| unreadable(file, e))?;
+    opened
+        .seek(SeekFrom::Start(offset))
+        .map_err(|e| unreadable(file, e))?;
+    let mut bytes = Vec::new();
+    opened
+        .read_to_end(&mut bytes)
+        .map_err(|e| unreadable(file, e))?;
+    Ok(bytes)
+}
+
 /// The audit log from a point on, read as it grows: what a test uses to show
 /// that nothing was written during a window, failing at the first write
-/// instead of after the window.
+/// instead of after the window. The API server rotates the log (at 100 MB,
+/// lumberjack's default, as no `--audit-log-maxsize` is set) by renaming
+/// it: the rest of the file being read is found again by its inode.
 pub struct Tail {
     log: PathBuf,
+    inode: u64,
     offset: u64,
 }
 
 impl Tail {
     /// Watches `log` from its current end.
     pub fn from_now(log: &Path) -> Result<Self, Error> {
-        let offset = std::fs::metadata(log)
-            .map_err(|e| Error::Setup(format!("cannot read audit log {}: {e}", log.display())))?
-            .len();
+        let metadata = std::fs::metadata(log).map_err(|e| unreadable(log, e))?;
         Ok(Self {
             log: log.to_owned(),
-            offset,
+            inode: metadata.ino(),
+            offset: metadata.len(),
         })
     }
 
     /// The write requests recorded since the last call (whole lines only).
     pub fn recorded(&mut self) -> Result<Vec<WriteRequest>, Error> {
-        let unreadable = |e: std::io::Error| {
-            Error::Setup(format!("cannot read audit log {}: {e}", self.log.display()))
-        };
-        let mut file = std::fs::File::open(&self.log).map_err(unreadable)?;
-        file.seek(SeekFrom::Start(self.offset))
-            .map_err(unreadable)?;
         let mut text = Vec::new();
-        file.read_to_end(&mut text).map_err(unreadable)?;
-        let complete = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        let current = std::fs::metadata(&self.log).map_err(|e| unreadable(&self.log, e))?;
+        if current.ino() != self.inode {
+            // Rotated since: the rest of the old file, then the new one.
+            if let Some(rotated) = self.renamed()? {
+                text.extend(read_from(&rotated, self.offset)?);
+                if text.last().is_some_and(|&b| b != b'\n') {
+                    text.push(b'\n');
+                }
+            }
+            self.inode = current.ino();
+            self.offset = 0;
+        }
+        let mut fresh = read_from(&self.log, self.offset)?;
+        let complete = fresh.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        fresh.truncate(complete);
         self.offset += complete as u64;
-        Ok(parse(&String::from_utf8_lossy(&text[..complete])))
+        text.extend(fresh);
+        Ok(parse(&String::from_utf8_lossy(&text)))
+    }
+
+    /// The file the log being read was renamed to, if it still exists.
+    fn renamed(&self) -> Result<Option<PathBuf>, Error> {
+        let folder = self.log.parent().unwrap_or(Path::new("."));
+        let entries = std::fs::read_dir(folder).map_err(|e| unreadable(folder, e))?;
+        Ok(entries
+            .filter_map(Result::ok)
+            .map(|entry| entry.path())
+            .find(|path| std::fs::metadata(path).is_ok_and(|m| m.ino() == self.inode)))
     }
 
     /// Watches the log for `window` (and the API server's batch delay after
@@ -165,6 +203,50 @@ struct ResponseStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tail_reads_on_across_a_rotation() -> Result<(), Box<dyn std::error::Error>> {
+        let line = |name: &str| {
+            format!(
+                concat!(
+                    r#"{{"kind":"Event","stage":"ResponseComplete","verb":"create","#,
+                    r#""user":{{"username":"u"}},"objectRef":{{"resource":"configmaps","name":"{}"}},"#,
+                    r#""responseStatus":{{"code":201}}}}"#,
+                    "\n"
+                ),
+                name
+            )
+        };
+        let folder = std::env::temp_dir().join(format!("cairn-audit-{}", std::process::id()));
+        std::fs::create_dir_all(&folder)?;
+        let log = folder.join("audit.log");
+        std::fs::write(&log, line("before"))?;
+        let mut tail = Tail::from_now(&log)?;
+        let append = |path: &Path, text: String| -> std::io::Result<()> {
+            use std::io::Write;
+            std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(path)?
+                .write_all(text.as_bytes())
+        };
+        append(&log, line("a"))?;
+        assert_eq!(tail.recorded()?.len(), 1);
+        append(&log, line("b"))?;
+        // Rotated as lumberjack does: renamed, and a new file begun.
+        std::fs::rename(&log, folder.join("audit-2026-11-26T19-00-00.000.log"))?;
+        append(&log, line("c"))?;
+        let names: Vec<_> = tail
+            .recorded()?
+            .into_iter()
+            .filter_map(|w| w.name)
+            .collect();
+        assert_eq!(names, ["b", "c"]);
+        append(&log, line("d"))?;
+        assert_eq!(tail.recorded()?.len(), 1);
+        std::fs::remove_dir_all(&folder)?;
+        Ok(())
+    }
 
     #[test]
     fn attributes_an_impersonated_request_to_the_impersonated_user() {
