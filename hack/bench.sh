@@ -112,9 +112,10 @@ if [[ $bench == cnpg-side-by-side ]]; then
 fi
 
 cargo build --release --locked -p cairn-database-controller
-# The garbage collector deletes every child of a deleted cluster: at the
-# upstream client rate (20/s) thousands of children take many minutes.
-[[ $bench == churn ]] && export CAIRN_CONTROLLER_MANAGER_QPS=${CAIRN_CONTROLLER_MANAGER_QPS:-100}
+# A control plane sized for the load (hack/local-cluster.sh): at upstream's
+# client rates and concurrency its StatefulSet controller, scheduler and
+# garbage collector, not the operator, make most of the figure.
+export CAIRN_CONTROL_PLANE=${CAIRN_CONTROL_PLANE:-large}
 STATE=$(mktemp -d "${TMPDIR:-/tmp}/cairn-bench.XXXXXX")/cluster
 trap 'hack/local-cluster.sh down "$STATE"; rmdir "$(dirname "$STATE")" 2>/dev/null || true' EXIT
 hack/local-cluster.sh up "$STATE"

@@ -38,6 +38,11 @@
 # CAIRN_CONTROLLER_MANAGER_QPS: kube-controller-manager's client rate (default
 # 20, upstream's); benchmarks raise it as a cluster sized for their load would,
 # so the garbage collector and the workload controllers keep up.
+# CAIRN_CONTROL_PLANE=large: the settings of a control plane sized for
+# thousands of workloads (the database benchmark's): kube-controller-manager
+# at 100 requests/s (unless set above) with 20 concurrent StatefulSet, Job
+# and ReplicaSet syncs (upstream: 5), kube-scheduler at 200 requests/s
+# (upstream: 50).
 #
 # STATE_DIR defaults to $CAIRN_CACHE/clusters/dev. It holds certificates, the
 # admin kubeconfig, the etcd data, logs and pid files; `env` lists what is where.
@@ -49,7 +54,11 @@ SERVICE_CIDR=10.96.0.0/16
 SERVICE_API_IP=10.96.0.1
 START_TIMEOUT=${CAIRN_START_TIMEOUT:-90}
 REAL_NODES=${CAIRN_REAL_NODES:-3}
-MANAGER_QPS=${CAIRN_CONTROLLER_MANAGER_QPS:-20}
+case ${CAIRN_CONTROL_PLANE:-default} in
+  default) MANAGER_QPS=${CAIRN_CONTROLLER_MANAGER_QPS:-20} WORKLOAD_SYNCS=5 SCHEDULER_QPS=50 ;;
+  large) MANAGER_QPS=${CAIRN_CONTROLLER_MANAGER_QPS:-100} WORKLOAD_SYNCS=20 SCHEDULER_QPS=200 ;;
+  *) die "CAIRN_CONTROL_PLANE=$CAIRN_CONTROL_PLANE: default or large" ;;
+esac
 [[ $MANAGER_QPS =~ ^[0-9]+$ ]] || die "CAIRN_CONTROLLER_MANAGER_QPS=$MANAGER_QPS: a whole number"
 [[ $REAL_NODES =~ ^[0-3]$ ]] || die "CAIRN_REAL_NODES=$REAL_NODES: 0 to 3"
 # Taint and annotation of the kwok nodes: only pods that tolerate it land there.
@@ -233,10 +242,22 @@ start_controllers() { # ports: controller-manager scheduler kwok
     --service-account-private-key-file="$pki/service-account.key" --root-ca-file="$pki/ca.crt" \
     --cluster-signing-cert-file="$pki/ca.crt" --cluster-signing-key-file="$pki/ca.key" \
     --enable-hostpath-provisioner=true \
-    --concurrent-gc-syncs=10 --kube-api-qps="$MANAGER_QPS" --kube-api-burst=$((MANAGER_QPS * 3 / 2))
-  start kube-scheduler "$BIN/kube-scheduler" \
-    --kubeconfig="$kubeconfig" --authentication-kubeconfig="$kubeconfig" --authorization-kubeconfig="$kubeconfig" \
-    --bind-address=127.0.0.1 --secure-port="$2" --leader-elect=false
+    --concurrent-gc-syncs=10 --kube-api-qps="$MANAGER_QPS" --kube-api-burst=$((MANAGER_QPS * 3 / 2)) \
+    --concurrent-statefulset-syncs="$WORKLOAD_SYNCS" --concurrent-job-syncs="$WORKLOAD_SYNCS" \
+    --concurrent-replicaset-syncs="$WORKLOAD_SYNCS"
+  cat >"$STATE/scheduler.yaml" <<EOF
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection:
+  kubeconfig: $kubeconfig
+  qps: $SCHEDULER_QPS
+  burst: $((SCHEDULER_QPS * 2))
+leaderElection:
+  leaderElect: false
+EOF
+  start kube-scheduler "$BIN/kube-scheduler" --config="$STATE/scheduler.yaml" \
+    --authentication-kubeconfig="$kubeconfig" --authorization-kubeconfig="$kubeconfig" \
+    --bind-address=127.0.0.1 --secure-port="$2"
   # kwok fakes its own nodes only (a real node's pods would otherwise be
   # reported Running without a container), in an address range that is
   # blackholed here.

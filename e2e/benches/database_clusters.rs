@@ -2,7 +2,8 @@
 //! controller process running with its chart's RBAC. Prints the seconds until
 //! all are Ready, the controller's write requests per cluster by verb (audit
 //! log), every client's requests by verb (API server metrics), the
-//! controller's peak RSS, and its writes during one idle minute afterwards.
+//! controller's RSS with no cluster and after (and so its memory per cached
+//! object), its peak RSS, and its writes during one idle minute afterwards.
 //!
 //!   hack/bench.sh database-clusters 100
 //!
@@ -42,6 +43,9 @@ async fn main() -> Result<(), Error> {
     let (namespace, controller, user) = start_controller().await?;
     let local = cluster();
     let requests_before = request_counts(&namespace.client).await?;
+    // The process with its caches synced and no cluster yet.
+    let empty_cached = cached_objects(&controller).await?;
+    let empty_rss = settled_rss_kib(&controller).await;
 
     let clusters = namespace.api::<DatabaseCluster>();
     let started = Instant::now();
@@ -61,6 +65,8 @@ async fn main() -> Result<(), Error> {
     let idle_from = controller_writes.len();
     tokio::time::sleep(Duration::from_secs(60)).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
+    let full_cached = cached_objects(&controller).await?;
+    let full_rss = settled_rss_kib(&controller).await;
     let idle_writes = all_write_requests(&local.audit_log())?
         .into_iter()
         .filter(|w| w.user == user && w.namespace.as_deref() == Some(namespace.name.as_str()))
@@ -99,10 +105,28 @@ async fn main() -> Result<(), Error> {
             delta / count as f64
         );
     }
-    match peak_rss {
-        Some(kib) => println!("| controller peak RSS | {:.1} MiB |", kib as f64 / 1024.0),
-        None => println!("| controller peak RSS | unknown |"),
+    let mib = |kib: Option<u64>| {
+        kib.map_or("unknown".to_owned(), |k| {
+            format!("{:.1} MiB", k as f64 / 1024.0)
+        })
+    };
+    println!(
+        "| controller RSS, caches synced, no cluster ({empty_cached} objects cached) | {} |",
+        mib(empty_rss)
+    );
+    println!(
+        "| controller RSS after the idle minute ({full_cached} objects cached) | {} |",
+        mib(full_rss)
+    );
+    if let (Some(empty), Some(full)) = (empty_rss, full_rss) {
+        // Everything the controller holds for a cluster (cached children,
+        // queues, per-cluster state), per cached object.
+        println!(
+            "| memory per cached object (RSS growth / objects added) | {:.1} KiB |",
+            (full as f64 - empty as f64) / (full_cached - empty_cached).max(1.0)
+        );
     }
+    println!("| controller peak RSS | {} |", mib(peak_rss));
     println!("| controller writes in one idle minute after | {idle_writes} |");
     drop(controller);
     Ok(())
