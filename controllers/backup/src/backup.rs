@@ -45,6 +45,8 @@ pub struct Context {
     pub recorder: Recorder,
     pub caches: Caches,
     pub metrics: BackupMetrics,
+    /// Every schedule's status write, remembered against a lagging cache.
+    pub applier: cairn_runtime::apply::Applier,
 }
 
 impl Context {

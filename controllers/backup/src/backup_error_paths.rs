@@ -78,6 +78,7 @@ fn harness(backup: &Backup) -> Harness {
         recorder: Recorder::new(client, MANAGER.into()),
         caches,
         metrics,
+        applier: Default::default(),
     });
     Harness {
         fake,

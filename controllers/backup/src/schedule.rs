@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use cairn_api::backup::v1::{Backup, BackupSchedule, SCHEDULE_LABEL};
 use cairn_api::database::v1::DatabaseCluster;
-use cairn_runtime::apply::apply_status;
 use cairn_runtime::conditions;
 use cairn_runtime::manager::Recheck;
 use k8s_openapi::jiff::Timestamp;
@@ -41,7 +40,7 @@ pub async fn reconcile(schedule: Arc<BackupSchedule>, ctx: Arc<Context>) -> Resu
             );
             conditions::set(&mut status.conditions, condition);
             status.observed_generation = schedule.metadata.generation;
-            write_status(&schedules, &schedule, status).await?;
+            write_status(&ctx, &schedules, &schedule, status).await?;
             return Ok(Recheck::AfterResync);
         }
     };
@@ -78,7 +77,9 @@ pub async fn reconcile(schedule: Arc<BackupSchedule>, ctx: Arc<Context>) -> Resu
             message: "replaced by the schedule's next slot (concurrencyPolicy Replace)".into(),
         };
         if let Some(status) = plan::status(backup, &replaced, now) {
-            apply_status(&api, MANAGER, backup, &status).await?;
+            ctx.applier
+                .apply_status(&api, MANAGER, backup, &status)
+                .await?;
         }
     }
     if let Some(backup) = &plan.create {
@@ -118,7 +119,7 @@ pub async fn reconcile(schedule: Arc<BackupSchedule>, ctx: Arc<Context>) -> Resu
         }
     }
     if Some(&plan.status) != schedule.status.as_ref() {
-        write_status(&schedules, &schedule, plan.status.clone()).await?;
+        write_status(&ctx, &schedules, &schedule, plan.status.clone()).await?;
     }
     Ok(plan.recheck.map_or(Recheck::AfterResync, Recheck::Within))
 }
@@ -170,11 +171,14 @@ async fn window(
 const BUCKET_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 async fn write_status(
+    ctx: &Context,
     api: &Api<BackupSchedule>,
     schedule: &BackupSchedule,
     status: cairn_api::backup::v1::BackupScheduleStatus,
 ) -> Result<(), kube::Error> {
-    apply_status(api, MANAGER, schedule, &status).await?;
+    ctx.applier
+        .apply_status(api, MANAGER, schedule, &status)
+        .await?;
     Ok(())
 }
 

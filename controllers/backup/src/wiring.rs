@@ -67,6 +67,7 @@ pub fn controllers(manager: &mut Manager) -> Result<Vec<Runnable>, prometheus::E
         recorder: Recorder::new(manager.client.clone(), MANAGER.into()),
         caches,
         metrics,
+        applier: Default::default(),
     });
     tokio::spawn(Context::housekeeping(
         context.clone(),

@@ -150,6 +150,8 @@ pub struct Context {
     /// Seconds between observations of an up-to-date resource.
     pub poll: Duration,
     pub metrics: CloudMetrics,
+    /// Every status write, remembered against a lagging cache.
+    pub applier: apply::Applier,
 }
 
 impl Context {
@@ -165,6 +167,7 @@ impl Context {
             providers: Mutex::new(HashMap::new()),
             poll,
             metrics,
+            applier: apply::Applier::default(),
         }
     }
 
@@ -266,7 +269,7 @@ pub async fn reconcile<M: Managed>(object: Arc<M>, ctx: Arc<Context>) -> Result<
                 "ReconcilePaused",
                 "paused: remove the annotation to resume",
             );
-            report.write(&api, &*object).await?;
+            report.write(&ctx.applier, &api, &*object).await?;
             return Ok(Recheck::AfterResync);
         }
         Some(_) => {
@@ -279,7 +282,7 @@ pub async fn reconcile<M: Managed>(object: Arc<M>, ctx: Arc<Context>) -> Result<
         Ok(provider) => provider,
         Err(Error::Provider(unusable)) => {
             Report::synced(false, "ProviderConfigUnusable", &unusable.0)
-                .write(&api, &*object)
+                .write(&ctx.applier, &api, &*object)
                 .await?;
             return Err(unusable.into());
         }
@@ -302,20 +305,20 @@ pub async fn reconcile<M: Managed>(object: Arc<M>, ctx: Arc<Context>) -> Result<
                 }
                 _ => report,
             };
-            report.write(&api, &*object).await?;
+            report.write(&ctx.applier, &api, &*object).await?;
             published?;
             Ok(recheck.unwrap_or_else(|| Recheck::Within(poll_interval(&*object, ctx.poll))))
         }
         Err(Error::Cloud(e)) => {
             Report::synced(false, e.reason(), &e.to_string())
-                .write(&api, &*object)
+                .write(&ctx.applier, &api, &*object)
                 .await?;
             Err(e.into())
         }
         Err(Error::Refused(message)) => {
             Report::synced(false, "NotOwned", &message)
                 .ready(false, "NotOwned", &message)
-                .write(&api, &*object)
+                .write(&ctx.applier, &api, &*object)
                 .await?;
             Err(Error::Refused(message))
         }
@@ -611,7 +614,12 @@ impl Report {
 
     /// Writes the status if it changes (server-side apply of the fields
     /// this controller owns); nothing at steady state.
-    async fn write<M: Managed>(self, api: &Api<M>, object: &M) -> Result<(), kube::Error> {
+    async fn write<M: Managed>(
+        self,
+        applier: &apply::Applier,
+        api: &Api<M>,
+        object: &M,
+    ) -> Result<(), kube::Error> {
         if self.synced.is_none() && self.ready.is_none() {
             return Ok(());
         }
@@ -639,7 +647,7 @@ impl Report {
         if status == previous {
             return Ok(());
         }
-        apply::apply_status(api, MANAGER, object, &status).await?;
+        applier.apply_status(api, MANAGER, object, &status).await?;
         Ok(())
     }
 }

@@ -132,7 +132,7 @@ pub async fn reconcile(
             return Ok(Recheck::AfterResync);
         }
         let held = held.as_deref();
-        write_status(&api, &config, None, in_use, users.len(), held).await?;
+        write_status(ctx, &api, &config, None, in_use, users.len(), held).await?;
         return Ok(Recheck::Within(WHILE_HELD));
     }
     finalizers::add(&api, &*config, IN_USE_FINALIZER).await?;
@@ -164,7 +164,7 @@ pub async fn reconcile(
         Err(Unchecked::Refused(e)) => (false, e.reason(), e.to_string()),
     };
     let held = holding.then_some(wanted.as_str());
-    write_status(&api, &config, Some(ready), in_use, users.len(), held).await?;
+    write_status(ctx, &api, &config, Some(ready), in_use, users.len(), held).await?;
     match identity {
         Err(Unchecked::Refused(e)) => Err(e.into()),
         // Secrets are not watched: a missing one is looked for again soon.
@@ -245,6 +245,7 @@ fn in_use(users: &[String]) -> (bool, &'static str, String) {
 /// Writes `Ready` (unless `None`), `InUse` and the user count when they
 /// change; nothing at steady state.
 async fn write_status(
+    ctx: &Context,
     api: &Api<ProviderConfig>,
     config: &ProviderConfig,
     ready: Option<(bool, &str, String)>,
@@ -265,7 +266,9 @@ async fn write_status(
     if status == previous {
         return Ok(());
     }
-    cairn_runtime::apply::apply_status(api, MANAGER, config, &status).await?;
+    ctx.applier
+        .apply_status(api, MANAGER, config, &status)
+        .await?;
     Ok(())
 }
 

@@ -13,7 +13,7 @@ use cairn_api::database::v1::{
     DatabaseCluster, DatabaseClusterStatus, FailoverRecord, SwitchoverRecord,
 };
 use cairn_api::validate;
-use cairn_runtime::apply::{apply, apply_status};
+use cairn_runtime::apply::Applier;
 use cairn_runtime::certs::{self, Authority};
 use cairn_runtime::conditions::Time;
 use cairn_runtime::events;
@@ -60,6 +60,8 @@ pub struct Context {
     pub not_serving_since: Mutex<HashMap<String, (String, Instant)>>,
     /// Decisions recorded and not yet seen in the cache (see `Decisions`).
     pub decisions: Decisions,
+    /// Every apply and status write, remembered against a lagging cache.
+    pub applier: Applier,
 }
 
 impl Context {
@@ -76,6 +78,7 @@ impl Context {
             metrics,
             not_serving_since: Mutex::default(),
             decisions: Decisions::default(),
+            applier: Applier::default(),
         }
     }
 
@@ -966,7 +969,10 @@ where
     let namespace = cluster.namespace().unwrap_or_default();
     let api = Api::<K>::namespaced(ctx.client.clone(), &namespace);
     let current = cache.get(&ObjectRef::new(&desired.name_any()).within(&namespace));
-    let (applied, _) = apply(&api, MANAGER, &desired, current.as_deref()).await?;
+    let (applied, _) = ctx
+        .applier
+        .apply(&api, MANAGER, &desired, current.as_deref())
+        .await?;
     Ok(applied)
 }
 
@@ -1152,7 +1158,11 @@ async fn write_status(
         ctx.client.clone(),
         &cluster.namespace().unwrap_or_default(),
     );
-    let Some(written) = apply_status(&api, MANAGER, cluster, &status).await? else {
+    let Some(written) = ctx
+        .applier
+        .apply_status(&api, MANAGER, cluster, &status)
+        .await?
+    else {
         // Written already over the version the cache shows (it lags).
         return Ok(());
     };

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::fmt::Debug;
-use std::sync::{LazyLock, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -25,7 +25,8 @@ pub enum Outcome {
 
 /// Applies `desired` with field manager `manager` (forcing ownership of its
 /// fields), unless `current` (the object as last seen, e.g. from the
-/// controller's cache) already holds every field `desired` sets.
+/// controller's cache) already holds every field `desired` sets. Without
+/// memory: a controller applies through its [`Applier`].
 pub async fn apply<K>(
     api: &Api<K>,
     manager: &str,
@@ -36,16 +37,8 @@ where
     K: Resource + Clone + Debug + Serialize + DeserializeOwned,
     K::DynamicType: Default,
 {
-    let desired_value = to_value(desired)?;
-    let key = written_key(desired, "");
     if let Some(current) = current {
-        if recently_written_over(&key, &desired_value, current) {
-            // The cache has not shown our last apply of this very state yet
-            // (it lags, e.g. after a watch failed): applying again would
-            // change nothing, at every requeue.
-            return Ok((current.clone(), Outcome::Unchanged));
-        }
-        match difference(&to_value(current)?, &desired_value) {
+        match difference(&to_value(current)?, &to_value(desired)?) {
             None => return Ok((current.clone(), Outcome::Unchanged)),
             // Says why a write happened: a field that never settles (a
             // default the server fills in differently) shows up here.
@@ -64,67 +57,126 @@ where
             &Patch::Apply(desired),
         )
         .await?;
-    if let Some(current) = current {
-        remember_written(key, desired_value, current);
-    }
     Ok((applied, Outcome::Applied))
 }
 
-/// Applies `status` to the status of `object` (as the controller read it,
-/// from its cache) with field manager `manager`, unless this process wrote
-/// exactly this status over the version `object` still shows. A cache that
-/// lags this process's own write (a new leader's, after an API server
-/// outage) would otherwise have the same status written, and its
-/// transitions announced, again at every requeue. The object as written, or
-/// `None` when nothing was sent.
-pub async fn apply_status<K>(
-    api: &Api<K>,
-    manager: &str,
-    object: &K,
-    status: &impl Serialize,
-) -> Result<Option<K>, kube::Error>
-where
-    K: Resource + Clone + Debug + DeserializeOwned,
-    K::DynamicType: Default,
-{
-    let status = to_value(status)?;
-    let key = written_key(object, "/status");
-    if recently_written_over(&key, &status, object) {
-        return Ok(None);
-    }
-    let dynamic = K::DynamicType::default();
-    let patch = serde_json::json!({
-        "apiVersion": K::api_version(&dynamic),
-        "kind": K::kind(&dynamic),
-        "status": status,
-    });
-    let written = api
-        .patch_status(
-            &object.name_any(),
-            &PatchParams::apply(manager).force(),
-            &Patch::Apply(&patch),
-        )
-        .await?;
-    remember_written(key, status, object);
-    Ok(Some(written))
+/// One controller's server-side applies, of children and of statuses, with
+/// the memory of its last write of each: what it wrote and the version of
+/// the object it wrote over. A cache that lags this process's own write (a
+/// new leader's, or one whose watch failed, after an API server outage)
+/// still shows that version, and a reconcile from it would write the same
+/// again (and announce a status's transitions again) at every requeue;
+/// within [`WRITTEN_MEMORY`] it is not sent. Another version (the cache
+/// caught up, someone else wrote, the object was recreated) is compared
+/// afresh.
+#[derive(Default)]
+pub struct Applier {
+    written: Mutex<HashMap<String, Written>>,
 }
 
 /// How long a write is taken as known to a cache that has not shown it: a
 /// cache lagging longer than this gets the write once more (harmless).
-const WRITTEN_MEMORY: Duration = Duration::from_secs(30);
+pub const WRITTEN_MEMORY: Duration = Duration::from_secs(30);
 
-/// This process's last write of an object (or of its status): what it
-/// wrote, the version of the object it wrote over, and when.
+/// A write this process made: what, over which version, when.
 struct Written {
     desired: Value,
     over_version: Option<String>,
     at: Instant,
 }
 
-static WRITTEN: LazyLock<Mutex<HashMap<String, Written>>> = LazyLock::new(Default::default);
+impl Applier {
+    /// [`apply`], unless this process applied exactly `desired` over the
+    /// version `current` still shows.
+    pub async fn apply<K>(
+        &self,
+        api: &Api<K>,
+        manager: &str,
+        desired: &K,
+        current: Option<&K>,
+    ) -> Result<(K, Outcome), kube::Error>
+    where
+        K: Resource + Clone + Debug + Serialize + DeserializeOwned,
+        K::DynamicType: Default,
+    {
+        let key = written_key(desired, "");
+        let desired_value = to_value(desired)?;
+        if let Some(current) = current
+            && self.recently_written_over(&key, &desired_value, current)
+        {
+            return Ok((current.clone(), Outcome::Unchanged));
+        }
+        let applied = apply(api, manager, desired, current).await?;
+        if let (Some(current), Outcome::Applied) = (current, applied.1) {
+            self.remember(key, desired_value, current);
+        }
+        Ok(applied)
+    }
 
-fn written() -> std::sync::MutexGuard<'static, HashMap<String, Written>> {
-    WRITTEN.lock().unwrap_or_else(|p| p.into_inner())
+    /// Applies `status` to the status of `object` (as the controller read
+    /// it, from its cache) with field manager `manager`, unless this process
+    /// wrote exactly this status over the version `object` still shows. The
+    /// object as written, or `None` when nothing was sent.
+    pub async fn apply_status<K>(
+        &self,
+        api: &Api<K>,
+        manager: &str,
+        object: &K,
+        status: &impl Serialize,
+    ) -> Result<Option<K>, kube::Error>
+    where
+        K: Resource + Clone + Debug + DeserializeOwned,
+        K::DynamicType: Default,
+    {
+        let status = to_value(status)?;
+        let key = written_key(object, "/status");
+        if self.recently_written_over(&key, &status, object) {
+            return Ok(None);
+        }
+        let dynamic = K::DynamicType::default();
+        let patch = serde_json::json!({
+            "apiVersion": K::api_version(&dynamic),
+            "kind": K::kind(&dynamic),
+            "status": status,
+        });
+        let written = api
+            .patch_status(
+                &object.name_any(),
+                &PatchParams::apply(manager).force(),
+                &Patch::Apply(&patch),
+            )
+            .await?;
+        self.remember(key, status, object);
+        Ok(Some(written))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Written>> {
+        self.written.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether exactly `desired` was written over the version `current`
+    /// still shows, within [`WRITTEN_MEMORY`].
+    fn recently_written_over<K: Resource>(&self, key: &str, desired: &Value, current: &K) -> bool {
+        self.lock().get(key).is_some_and(|last| {
+            last.at.elapsed() < WRITTEN_MEMORY
+                && last.over_version.is_some()
+                && last.over_version == current.resource_version()
+                && last.desired == *desired
+        })
+    }
+
+    fn remember<K: Resource>(&self, key: String, desired: Value, current: &K) {
+        let mut written = self.lock();
+        written.retain(|_, last| last.at.elapsed() < WRITTEN_MEMORY);
+        written.insert(
+            key,
+            Written {
+                desired,
+                over_version: current.resource_version(),
+                at: Instant::now(),
+            },
+        );
+    }
 }
 
 fn written_key<K: Resource>(object: &K, part: &str) -> String
@@ -137,31 +189,6 @@ where
         object.namespace().unwrap_or_default(),
         object.name_any()
     )
-}
-
-/// Whether exactly `desired` was written over the version `current` still
-/// shows, within [`WRITTEN_MEMORY`]. Another version (someone changed or
-/// recreated the object, or the cache caught up) never matches.
-fn recently_written_over<K: Resource>(key: &str, desired: &Value, current: &K) -> bool {
-    written().get(key).is_some_and(|last| {
-        last.at.elapsed() < WRITTEN_MEMORY
-            && last.over_version.is_some()
-            && last.over_version == current.resource_version()
-            && last.desired == *desired
-    })
-}
-
-fn remember_written<K: Resource>(key: String, desired: Value, current: &K) {
-    let mut written = written();
-    written.retain(|_, last| last.at.elapsed() < WRITTEN_MEMORY);
-    written.insert(
-        key,
-        Written {
-            desired,
-            over_version: current.resource_version(),
-            at: Instant::now(),
-        },
-    );
 }
 
 fn to_value(object: &impl Serialize) -> Result<Value, kube::Error> {
@@ -235,15 +262,22 @@ mod tests {
             "metadata": { "name": "lagging", "namespace": "shop" }, "data": { "k": "new" } }))
         .expect("a ConfigMap");
         let patches = || fake.writes().len();
+        let applier = Applier::default();
 
         assert_eq!(
-            apply(&api, "cairn", &desired, Some(&cached)).await?.1,
+            applier
+                .apply(&api, "cairn", &desired, Some(&cached))
+                .await?
+                .1,
             Outcome::Applied
         );
         assert_eq!(patches(), 1);
         // The cache still shows the version it was applied over.
         assert_eq!(
-            apply(&api, "cairn", &desired, Some(&cached)).await?.1,
+            applier
+                .apply(&api, "cairn", &desired, Some(&cached))
+                .await?
+                .1,
             Outcome::Unchanged
         );
         assert_eq!(patches(), 1, "not applied again over the same version");
@@ -254,7 +288,10 @@ mod tests {
         edited.metadata.resource_version = Some("999".into());
         edited.data = Some([("k".to_owned(), "edited".to_owned())].into());
         assert_eq!(
-            apply(&api, "cairn", &desired, Some(&edited)).await?.1,
+            applier
+                .apply(&api, "cairn", &desired, Some(&edited))
+                .await?
+                .1,
             Outcome::Applied
         );
         assert_eq!(patches(), 2);
@@ -262,7 +299,10 @@ mod tests {
         // A cache lagging past the memory gets the apply again.
         tokio::time::advance(WRITTEN_MEMORY + Duration::from_secs(1)).await;
         assert_eq!(
-            apply(&api, "cairn", &desired, Some(&edited)).await?.1,
+            applier
+                .apply(&api, "cairn", &desired, Some(&edited))
+                .await?
+                .1,
             Outcome::Applied
         );
         assert_eq!(patches(), 3);
@@ -282,8 +322,11 @@ mod tests {
         let cached = api.get("db-0").await?;
         let running = serde_json::json!({ "phase": "Running" });
         let writes = || fake.writes().len();
+        let applier = Applier::default();
 
-        let written = apply_status(&api, "cairn", &cached, &running).await?;
+        let written = applier
+            .apply_status(&api, "cairn", &cached, &running)
+            .await?;
         assert_eq!(
             written
                 .and_then(|p| p.status)
@@ -294,7 +337,8 @@ mod tests {
         assert_eq!(writes(), 1);
         // The cache still shows the version the status was written over.
         assert!(
-            apply_status(&api, "cairn", &cached, &running)
+            applier
+                .apply_status(&api, "cairn", &cached, &running)
                 .await?
                 .is_none()
         );
@@ -307,7 +351,8 @@ mod tests {
         // Another status over the same version is a new decision: written.
         let failed = serde_json::json!({ "phase": "Failed" });
         assert!(
-            apply_status(&api, "cairn", &cached, &failed)
+            applier
+                .apply_status(&api, "cairn", &cached, &failed)
                 .await?
                 .is_some()
         );
@@ -317,14 +362,16 @@ mod tests {
         // compared afresh, and so is a cache lagging past the memory.
         let fresh = api.get("db-0").await?;
         assert!(
-            apply_status(&api, "cairn", &fresh, &running)
+            applier
+                .apply_status(&api, "cairn", &fresh, &running)
                 .await?
                 .is_some()
         );
         assert_eq!(writes(), 3);
         tokio::time::advance(WRITTEN_MEMORY + Duration::from_secs(1)).await;
         assert!(
-            apply_status(&api, "cairn", &fresh, &running)
+            applier
+                .apply_status(&api, "cairn", &fresh, &running)
                 .await?
                 .is_some()
         );
