@@ -3,7 +3,10 @@
 //! all are Ready, the controller's write requests per cluster by verb (audit
 //! log), every client's requests by verb (API server metrics), the
 //! controller's RSS with no cluster and after (and so its memory per cached
-//! object), its peak RSS, and its writes during one idle minute afterwards.
+//! object), its peak RSS, its writes during one idle minute afterwards, and
+//! then a restart: a second process's time from start to `/readyz` with
+//! every object to cache, and, once the leader is stopped, its time to
+//! reconcile every cluster and its writes (none for converged clusters).
 //!
 //!   hack/bench.sh database-clusters 100
 //!
@@ -26,7 +29,10 @@ use std::time::{Duration, Instant};
 use cairn_api::database::v1::DatabaseCluster;
 use cairn_testing::process::ControllerProcess;
 use cairn_testing::{Error, cluster, wait};
-use common::{all_write_requests, create, request_counts, rss_kib, start_controller, until_ready};
+use common::{
+    all_write_requests, create, request_counts, rss_kib, start_controller, start_replica,
+    until_ready, until_ready_to_serve,
+};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams};
@@ -67,6 +73,7 @@ async fn main() -> Result<(), Error> {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let full_cached = cached_objects(&controller).await?;
     let full_rss = settled_rss_kib(&controller).await;
+    let takeover = cold_start_and_takeover(&namespace, controller, &user, count).await?;
     let idle_writes = all_write_requests(&local.audit_log())?
         .into_iter()
         .filter(|w| w.user == user && w.namespace.as_deref() == Some(namespace.name.as_str()))
@@ -128,8 +135,98 @@ async fn main() -> Result<(), Error> {
     }
     println!("| controller peak RSS | {} |", mib(peak_rss));
     println!("| controller writes in one idle minute after | {idle_writes} |");
-    drop(controller);
+    println!(
+        "| a second process, from start to /readyz ({full_cached} objects to cache) | {:.1} s |",
+        takeover.cold_start.as_secs_f64()
+    );
+    println!(
+        "| leader change (SIGTERM): the old leader's exit | {:.1} s |",
+        takeover.exit.as_secs_f64()
+    );
+    println!(
+        "| leader change: from the old leader's exit until the new one reconciled every cluster | {:.1} s |",
+        takeover.reconciled.as_secs_f64()
+    );
+    println!(
+        "| new leader's writes, from the leader change to 30 s after it reconciled every cluster | {} |",
+        takeover.writes
+    );
     Ok(())
+}
+
+/// What a restart costs with every cluster's objects present.
+struct Takeover {
+    /// A second process from start to `/readyz` (its caches synced).
+    cold_start: Duration,
+    /// From SIGTERM until the leader has exited (it releases its Lease).
+    exit: Duration,
+    /// From then until the new leader has reconciled every cluster.
+    reconciled: Duration,
+    /// The new leader's writes (Leases aside) until 30 s after that.
+    writes: usize,
+}
+
+/// Starts a standby next to the leader `controller`, stops the leader
+/// gracefully and times the standby's takeover; counts its writes, which
+/// must be none for converged clusters.
+async fn cold_start_and_takeover(
+    namespace: &cairn_testing::TestNamespace,
+    mut controller: ControllerProcess,
+    user: &str,
+    count: usize,
+) -> Result<Takeover, Error> {
+    let account = user.rsplit(':').next().unwrap_or_default();
+    let started = Instant::now();
+    let standby = start_replica(namespace, account, "standby")?;
+    until_ready_to_serve(&standby, Duration::from_secs(600)).await?;
+    let cold_start = started.elapsed();
+    let ours = |w: &cairn_testing::audit::WriteRequest| {
+        w.user == user
+            && w.namespace.as_deref() == Some(namespace.name.as_str())
+            && w.resource != "leases"
+    };
+    let log = cluster().audit_log();
+    let before = all_write_requests(&log)?.iter().filter(|w| ours(w)).count();
+    let stopping = Instant::now();
+    controller.terminate()?;
+    controller.wait(Duration::from_secs(60)).await?;
+    let exit = stopping.elapsed();
+    let exited = Instant::now();
+    wait::until(
+        "the new leader reconciled every cluster",
+        Duration::from_secs(900),
+        || async {
+            let done = reconciles(&standby).await.map_err(|e| e.to_string())?;
+            if done >= count as f64 {
+                return Ok(Some(()));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            Err(format!("{done} reconciled"))
+        },
+    )
+    .await?;
+    let reconciled = exited.elapsed();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let writes = all_write_requests(&log)?.iter().filter(|w| ours(w)).count() - before;
+    Ok(Takeover {
+        cold_start,
+        exit,
+        reconciled,
+        writes,
+    })
+}
+
+/// DatabaseCluster reconciles the process has run, from its metrics.
+async fn reconciles(controller: &ControllerProcess) -> Result<f64, Error> {
+    Ok(controller
+        .metrics()
+        .await?
+        .lines()
+        .filter(|l| {
+            l.starts_with("cairn_reconcile_total{") && l.contains(r#"kind="DatabaseCluster""#)
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
 }
 
 const CHURN_BATCH: usize = 200;

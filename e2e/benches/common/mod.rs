@@ -20,11 +20,6 @@ const CHART: &str = "cairn-database-controller";
 /// Cairn's database controller as a process with its chart's RBAC, watching
 /// a fresh namespace; returns the namespace, the process and its user name.
 pub async fn start_controller() -> Result<(TestNamespace, ControllerProcess, String), Error> {
-    let binary = PathBuf::from(std::env::var("CAIRN_DATABASE_CONTROLLER").map_err(|_| {
-        Error::Setup(
-            "set CAIRN_DATABASE_CONTROLLER to the controller binary (hack/bench.sh does)".into(),
-        )
-    })?);
     let local = cluster();
     let namespace = local.namespace("bench").await?;
     crds::install(&namespace.client, &cairn_api::crds::for_chart(CHART)).await?;
@@ -32,26 +27,51 @@ pub async fn start_controller() -> Result<(TestNamespace, ControllerProcess, Str
         .install_controller_rbac(CHART, "bench", &namespace.name)
         .await?;
     let user = format!("system:serviceaccount:{}:{account}", namespace.name);
-    let kubeconfig = local.service_account_kubeconfig(&namespace.name, &account)?;
-    let controller = ControllerProcess::start(
+    let controller = start_replica(&namespace, &account, "controller")?;
+    until_ready_to_serve(&controller, Duration::from_secs(60)).await?;
+    Ok((namespace, controller, user))
+}
+
+/// One more process of the controller started by [`start_controller`] in
+/// `namespace`, as ServiceAccount `account`, named `<namespace>-<name>`: a
+/// replica that waits for the leader Lease.
+pub fn start_replica(
+    namespace: &TestNamespace,
+    account: &str,
+    name: &str,
+) -> Result<ControllerProcess, Error> {
+    let binary = PathBuf::from(std::env::var("CAIRN_DATABASE_CONTROLLER").map_err(|_| {
+        Error::Setup(
+            "set CAIRN_DATABASE_CONTROLLER to the controller binary (hack/bench.sh does)".into(),
+        )
+    })?);
+    let local = cluster();
+    let kubeconfig = local.service_account_kubeconfig(&namespace.name, account)?;
+    ControllerProcess::start(
         local,
         &binary,
-        &format!("{}-controller", namespace.name),
+        &format!("{}-{name}", namespace.name),
         &kubeconfig,
         &[
             ("CAIRN_NAMESPACES", namespace.name.as_str()),
             ("CAIRN_LEASE_NAMESPACE", namespace.name.as_str()),
             ("CAIRN_LOG_LEVEL", "info"),
         ],
-    )?;
-    wait::until("controller ready", Duration::from_secs(60), || async {
+    )
+}
+
+/// Until `controller` answers `/readyz` (its caches synced).
+pub async fn until_ready_to_serve(
+    controller: &ControllerProcess,
+    timeout: Duration,
+) -> Result<(), Error> {
+    wait::until("controller ready", timeout, || async {
         match controller.get("/readyz").await {
             Ok((200, _)) => Ok(Some(())),
             other => Err(format!("{other:?}")),
         }
     })
-    .await?;
-    Ok((namespace, controller, user))
+    .await
 }
 
 /// Creates single-instance clusters `db-NNNNN` for `range`, 16 at a time.
