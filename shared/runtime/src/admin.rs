@@ -2,6 +2,7 @@
 //! `/metrics` on a single port. [`listen`], [`serve`] and [`metrics_text`]
 //! also serve cairn-instance's listeners: one HTTP server implementation.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -33,12 +34,17 @@ pub struct Health {
 
 struct HealthState {
     ready: bool,
-    /// When the current run of watch failures began.
-    watch_failing_since: Option<Instant>,
-    /// The latest watch failure.
-    last_watch_failure: Option<Instant>,
+    /// The failing watches, by kind: one kind's events say nothing of
+    /// another's watch (a Role can be forbidden while Pods flow).
+    failing: HashMap<String, FailureRun>,
     /// Why the process cannot work any more (a restart is the remedy).
     broken: Option<String>,
+}
+
+/// A run of one watch's failures.
+struct FailureRun {
+    since: Instant,
+    last: Instant,
 }
 
 impl Health {
@@ -46,8 +52,7 @@ impl Health {
         Self {
             inner: Arc::new(Mutex::new(HealthState {
                 ready: false,
-                watch_failing_since: None,
-                last_watch_failure: None,
+                failing: HashMap::new(),
                 broken: None,
             })),
             watch_failure_limit,
@@ -61,25 +66,26 @@ impl Health {
         self.update(|s| s.ready = ready);
     }
 
-    /// A watch failed (the API server is unreachable, say).
-    pub fn watch_failed(&self) {
+    /// The watch of `kind` failed (the API server is unreachable, say).
+    pub fn watch_failed(&self, kind: &str) {
         let quiet = self.quiet_after_recovery;
         self.update(|s| {
             let now = Instant::now();
-            if s.last_watch_failure
-                .is_none_or(|last| last.elapsed() > quiet)
-            {
-                s.watch_failing_since = Some(now); // a new run of failures
+            let run = s.failing.entry(kind.to_owned()).or_insert(FailureRun {
+                since: now,
+                last: now,
+            });
+            if run.last.elapsed() > quiet {
+                run.since = now; // a new run of failures
             }
-            s.last_watch_failure = Some(now);
+            run.last = now;
         });
     }
 
-    /// A watch delivered an event or re-listed: the connection works.
-    pub fn watch_ok(&self) {
+    /// The watch of `kind` delivered an event or re-listed: it works.
+    pub fn watch_ok(&self, kind: &str) {
         self.update(|s| {
-            s.watch_failing_since = None;
-            s.last_watch_failure = None;
+            s.failing.remove(kind);
         });
     }
 
@@ -95,18 +101,23 @@ impl Health {
         if let Some(reason) = self.read(|s| s.broken.clone()) {
             return Err(reason);
         }
-        let (since, last) = self.read(|s| (s.watch_failing_since, s.last_watch_failure));
-        let still_failing = last.is_some_and(|last| last.elapsed() <= self.quiet_after_recovery);
-        match since {
-            Some(since) if still_failing && since.elapsed() > self.watch_failure_limit => {
-                Err(format!(
-                    "watches have failed for {} s (limit {} s)",
-                    since.elapsed().as_secs(),
-                    self.watch_failure_limit.as_secs()
-                ))
-            }
-            _ => Ok(()),
+        let quiet = self.quiet_after_recovery;
+        let limit = self.watch_failure_limit;
+        let failing = self.read(|s| {
+            s.failing
+                .iter()
+                .filter(|(_, run)| run.last.elapsed() <= quiet && run.since.elapsed() > limit)
+                .map(|(kind, run)| format!("{kind} ({} s)", run.since.elapsed().as_secs()))
+                .collect::<Vec<_>>()
+        });
+        if failing.is_empty() {
+            return Ok(());
         }
+        Err(format!(
+            "watches have failed for longer than {} s: {}",
+            limit.as_secs(),
+            failing.join(", ")
+        ))
     }
 
     pub fn ready(&self) -> bool {
@@ -259,37 +270,53 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn livez_fails_only_after_watches_failed_past_the_limit() {
+    async fn livez_fails_only_after_a_watch_failed_past_the_limit() {
         let (health, router) = fixture(Duration::from_millis(100));
         assert_eq!(get(&router, "/livez").await.0, StatusCode::OK);
-        health.watch_failed();
+        health.watch_failed("Pod");
         assert_eq!(
             get(&router, "/livez").await.0,
             StatusCode::OK,
             "a short outage is tolerated"
         );
         tokio::time::sleep(Duration::from_millis(150)).await;
-        health.watch_failed(); // still failing: the start of the run is kept
+        health.watch_failed("Pod"); // still failing: the start of the run is kept
         let (status, body) = get(&router, "/livez").await;
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-        assert!(body.contains("watches have failed"), "{body}");
-        health.watch_ok();
+        assert!(
+            body.contains("watches have failed") && body.contains("Pod"),
+            "{body}"
+        );
+        health.watch_ok("Pod");
         assert_eq!(get(&router, "/livez").await.0, StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn another_kinds_events_do_not_hide_a_failing_watch() {
+        let (health, _) = fixture(Duration::from_millis(100));
+        health.watch_failed("Role");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        health.watch_ok("Pod");
+        health.watch_failed("Role");
+        let why = health
+            .live()
+            .expect_err("Role's watch failed past the limit");
+        assert!(why.contains("Role") && !why.contains("Pod"), "{why}");
     }
 
     #[tokio::test]
     async fn livez_recovers_when_failures_stop_without_an_event() {
         let (mut health, _) = fixture(Duration::from_millis(50));
         health.quiet_after_recovery = Duration::from_millis(200);
-        health.watch_failed();
+        health.watch_failed("Pod");
         tokio::time::sleep(Duration::from_millis(100)).await;
-        health.watch_failed();
+        health.watch_failed("Pod");
         assert!(health.live().is_err(), "failing past the limit");
         // A resumed watch yields nothing: quiet after the last error is recovery.
         tokio::time::sleep(Duration::from_millis(250)).await;
         assert!(health.live().is_ok());
         // A later failure starts a new run, tolerated up to the limit again.
-        health.watch_failed();
+        health.watch_failed("Pod");
         assert!(health.live().is_ok());
     }
 

@@ -306,6 +306,7 @@ impl Manager {
         let (sender, receiver) = tokio::sync::mpsc::unbounded_channel::<Change<K>>();
         let kind = K::kind(&()).into_owned();
         let gauge = self.metrics.objects_in_cache.with_label_values(&[&kind]);
+        let failures = self.metrics.watch_failures.with_label_values(&[&kind]);
         let health = self.health.clone();
         let counted = store.clone();
         let mut before_relist: Option<Vec<Arc<K>>> = None;
@@ -321,7 +322,7 @@ impl Manager {
                         // success, it reset a run of failing relists each
                         // time, so /livez never failed however long they did.
                         if !matches!(event, watcher::Event::Init) {
-                            health.watch_ok();
+                            health.watch_ok(&kind);
                         }
                         for change in changes_of(&event, &counted, &mut before_relist) {
                             let _ = sender.send(change);
@@ -329,7 +330,8 @@ impl Manager {
                     }
                     Err(e) => {
                         tracing::warn!(kind, error = %e, "watch failed; retrying");
-                        health.watch_failed();
+                        health.watch_failed(&kind);
+                        failures.inc();
                     }
                 }
                 gauge.set(i64::try_from(counted.len()).unwrap_or(i64::MAX));

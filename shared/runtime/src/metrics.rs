@@ -53,6 +53,9 @@ pub struct Metrics {
     pub reconciles_in_flight: IntGaugeVec,
     /// `cairn_objects_in_cache{kind}`: objects in the controller's caches.
     pub objects_in_cache: IntGaugeVec,
+    /// `cairn_watch_failures_total{kind}`: failed watch and list requests
+    /// of a cache (each retried with backoff).
+    pub watch_failures: IntCounterVec,
     /// `cairn_leader`: 1 while this replica holds the lease.
     pub leader: IntGauge,
     /// `cairn_lease_transitions_total`: times this replica gained or lost the lease.
@@ -101,6 +104,13 @@ impl Metrics {
                 Opts::new("objects_in_cache", "Objects in the controller's caches."),
                 &["kind"],
             )?,
+            watch_failures: IntCounterVec::new(
+                Opts::new(
+                    "watch_failures_total",
+                    "Failed watch and list requests of a cache, each retried.",
+                ),
+                &["kind"],
+            )?,
             leader: IntGauge::new("leader", "1 while this replica holds the leader lease.")?,
             lease_transitions: IntCounter::new(
                 "lease_transitions_total",
@@ -133,6 +143,7 @@ impl Metrics {
         r.register(Box::new(metrics.reconcile_duration.clone()))?;
         r.register(Box::new(metrics.reconciles_in_flight.clone()))?;
         r.register(Box::new(metrics.objects_in_cache.clone()))?;
+        r.register(Box::new(metrics.watch_failures.clone()))?;
         r.register(Box::new(metrics.leader.clone()))?;
         r.register(Box::new(metrics.lease_transitions.clone()))?;
         r.register(Box::new(metrics.runtime_errors.clone()))?;
@@ -196,6 +207,7 @@ mod tests {
             .objects_in_cache
             .with_label_values(&["DatabaseCluster"])
             .set(3);
+        metrics.watch_failures.with_label_values(&["Pod"]).inc();
         metrics.leader.set(1);
         metrics.lease_transitions.inc();
         let text = metrics.render();
@@ -205,6 +217,7 @@ mod tests {
             r#"cairn_reconcile_duration_seconds_count{kind="DatabaseCluster",controller="database"} 1"#,
             r#"cairn_reconciles_in_flight{kind="DatabaseCluster",controller="database"} 0"#,
             r#"cairn_objects_in_cache{kind="DatabaseCluster",controller="database"} 3"#,
+            r#"cairn_watch_failures_total{kind="Pod",controller="database"} 1"#,
             r#"cairn_leader{controller="database"} 1"#,
             r#"cairn_lease_transitions_total{controller="database"} 1"#,
             r#"cairn_build_info{git_commit="abc123",version="0.1.0",controller="database"} 1"#,
