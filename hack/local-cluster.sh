@@ -26,8 +26,10 @@
 #                                            power loss or partition) and thaw it
 #   hack/local-cluster.sh kill-container STATE_DIR NAMESPACE POD [CONTAINER [SIGNAL]]
 #                                            SIGKILL (or SIGNAL) one container's processes
-#   hack/local-cluster.sh freeze-container|thaw-container STATE_DIR NAMESPACE POD CONTAINER
-#                                            stall one container's processes, or let them run
+#   hack/local-cluster.sh freeze-container STATE_DIR NAMESPACE POD CONTAINER
+#                                            stall one container's processes; prints its task
+#   hack/local-cluster.sh thaw-task STATE_DIR SOCKET ID
+#                                            let that task run again
 #   hack/local-cluster.sh cut-from-apiserver|heal-from-apiserver STATE_DIR POD_IP
 #                                            drop a pod's packets to the API
 #                                            server (nothing else), and undo it
@@ -499,8 +501,8 @@ case "$cmd" in
   stop-node) freeze_node "${3:?node number}" ;;
   start-node) thaw_node "${3:?node number}" ;;
   kill-container) shift 2; BIN=$(state_value CAIRN_BIN); kill_container "$@" ;;
-  freeze-container) shift 2; BIN=$(state_value CAIRN_BIN); pause_container pause "$@" ;;
-  thaw-container) shift 2; BIN=$(state_value CAIRN_BIN); pause_container resume "$@" ;;
+  freeze-container) shift 2; BIN=$(state_value CAIRN_BIN); freeze_container "$@" ;;
+  thaw-task) shift 2; thaw_task "$@" ;;
   cut-from-apiserver) APISERVER_URL=$(state_value CAIRN_APISERVER); cut_from_apiserver -I "${3:?pod IP}" ;;
   heal-from-apiserver) APISERVER_URL=$(state_value CAIRN_APISERVER); cut_from_apiserver -D "${3:?pod IP}" ;;
   env) running || die "no running local cluster in $STATE (start it: hack/local-cluster.sh up)"; cat "$STATE/env" ;;

@@ -334,13 +334,24 @@ kill_container() {
   ctr --address "${task% *}" -n k8s.io tasks kill --all --signal "${4:-SIGKILL}" "${task#* }"
 }
 
-# pause_container ACTION NAMESPACE POD CONTAINER: freezes (ACTION pause) or
-# thaws (resume) the container's processes, as a stalled process would be:
-# its connections stay open, it answers nothing.
-pause_container() {
+# freeze_container NAMESPACE POD CONTAINER: freezes the container's
+# processes, as a stalled process would be: its connections stay open, it
+# answers nothing. Prints its task ("SOCKET ID") for thaw_task, which needs
+# no API server (it may be down when the thaw is due).
+freeze_container() {
   local task
-  task=$(container_task "$2" "$3" "$4")
-  ctr --address "${task% *}" -n k8s.io tasks "$1" "${task#* }"
+  task=$(container_task "$1" "$2" "$3")
+  ctr --address "${task% *}" -n k8s.io tasks pause "${task#* }"
+  echo "$task"
+}
+
+# thaw_task SOCKET ID: lets a frozen task run again. A task gone since (its
+# container killed, its pod deleted) has nothing left frozen.
+thaw_task() {
+  local status
+  ctr --address "$1" -n k8s.io tasks resume "$2" >/dev/null 2>&1 || true
+  status=$(ctr --address "$1" -n k8s.io tasks ls | awk -v id="$2" '$1 == id { print $3 }')
+  [[ $status != PAUSED && $status != PAUSING ]] || die "task $2 is still $status"
 }
 
 start_kube_proxy() { # healthz-port metrics-port

@@ -66,11 +66,7 @@ const KINDS: [(Kind, u64); 13] = [
 enum Heal {
     ApiServer,
     Node(u32),
-    Container {
-        namespace: String,
-        pod: String,
-        container: String,
-    },
+    Container(cairn_testing::FrozenTask),
     Cloud,
 }
 
@@ -78,7 +74,7 @@ impl Heal {
     fn slot(&self) -> &'static str {
         match self {
             Heal::ApiServer => "api-server",
-            Heal::Node(_) | Heal::Container { .. } => "freeze",
+            Heal::Node(_) | Heal::Container(_) => "freeze",
             Heal::Cloud => "cloud",
         }
     }
@@ -87,11 +83,7 @@ impl Heal {
         match self {
             Heal::ApiServer => cluster().start_apiserver()?,
             Heal::Node(node) => cluster().start_node(*node)?,
-            Heal::Container {
-                namespace,
-                pod,
-                container,
-            } => cluster().thaw_container(namespace, pod, container)?,
+            Heal::Container(task) => cluster().thaw_task(task)?,
             Heal::Cloud => workload.cloud.heal(),
         }
         Ok(())
@@ -453,15 +445,8 @@ impl<'a> Chaos<'a> {
             .ok_or("no controllers")?
             .clone();
         let leader = w.leader(&controller).await?.ok_or("no leader")?;
-        cluster().freeze_container(&w.real.name, &leader, &controller.container)?;
-        let seconds = self.schedule_heal(
-            (20, 35),
-            Heal::Container {
-                namespace: w.real.name.clone(),
-                pod: leader.clone(),
-                container: controller.container.clone(),
-            },
-        );
+        let task = cluster().freeze_container(&w.real.name, &leader, &controller.container)?;
+        let seconds = self.schedule_heal((20, 35), Heal::Container(task));
         Ok(format!(
             "froze {} leader {leader} for {seconds} s",
             controller.chart

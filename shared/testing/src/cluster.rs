@@ -279,20 +279,27 @@ impl LocalCluster {
     /// Stalls every process of the container (the cgroup freezer): it holds
     /// its connections and answers nothing, as a process stuck in a long
     /// garbage collection or on a dead disk would, until
-    /// [`Self::thaw_container`].
+    /// [`Self::thaw_task`] of the task returned.
     pub fn freeze_container(
         &self,
         namespace: &str,
         pod: &str,
         container: &str,
-    ) -> Result<(), Error> {
+    ) -> Result<FrozenTask, Error> {
         let state = self.state_dir.to_string_lossy();
-        run_script(&["freeze-container", &state, namespace, pod, container]).map(drop)
+        let task = run_script(&["freeze-container", &state, namespace, pod, container])?;
+        Ok(FrozenTask(task.trim().to_owned()))
     }
 
-    pub fn thaw_container(&self, namespace: &str, pod: &str, container: &str) -> Result<(), Error> {
+    /// Lets a frozen container run again (through its node's containerd
+    /// only: the API server may be down); a container gone since is done.
+    pub fn thaw_task(&self, task: &FrozenTask) -> Result<(), Error> {
         let state = self.state_dir.to_string_lossy();
-        run_script(&["thaw-container", &state, namespace, pod, container]).map(drop)
+        let (socket, id) = task
+            .0
+            .split_once(' ')
+            .ok_or_else(|| Error::Setup(format!("not a task: {}", task.0)))?;
+        run_script(&["thaw-task", &state, socket, id]).map(drop)
     }
 
     /// Drops every packet from the pod at `pod_ip` to the API server (and
@@ -344,6 +351,11 @@ fn start_dev_cluster() -> Result<PathBuf, Error> {
 }
 
 /// Runs `hack/local-cluster.sh ARGS`; its standard output.
+/// A container frozen by [`LocalCluster::freeze_container`]: its node's
+/// containerd socket and its task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrozenTask(String);
+
 fn run_script(args: &[&str]) -> Result<String, Error> {
     let script = crate::repo_root().join("hack/local-cluster.sh");
     let run = |args: &[&str]| {
