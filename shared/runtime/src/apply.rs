@@ -37,8 +37,23 @@ where
     K: Resource + Clone + Debug + Serialize + DeserializeOwned,
     K::DynamicType: Default,
 {
+    apply_value(api, manager, desired, &to_value(desired)?, current).await
+}
+
+/// [`apply`] of `desired`, already serialized as `desired_value`.
+async fn apply_value<K>(
+    api: &Api<K>,
+    manager: &str,
+    desired: &K,
+    desired_value: &Value,
+    current: Option<&K>,
+) -> Result<(K, Outcome), kube::Error>
+where
+    K: Resource + Clone + Debug + Serialize + DeserializeOwned,
+    K::DynamicType: Default,
+{
     if let Some(current) = current {
-        match difference(&to_value(current)?, &to_value(desired)?) {
+        match difference(&to_value(current)?, desired_value) {
             None => return Ok((current.clone(), Outcome::Unchanged)),
             // Says why a write happened: a field that never settles (a
             // default the server fills in differently) shows up here.
@@ -106,7 +121,7 @@ impl Applier {
         {
             return Ok((current.clone(), Outcome::Unchanged));
         }
-        let applied = apply(api, manager, desired, current).await?;
+        let applied = apply_value(api, manager, desired, &desired_value, current).await?;
         if let (Some(current), Outcome::Applied) = (current, applied.1) {
             self.remember(key, desired_value, current);
         }
