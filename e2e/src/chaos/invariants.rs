@@ -181,6 +181,9 @@ pub struct Child {
     pub owner: Option<(String, String)>,
     /// `app.kubernetes.io/component`, what the child is for its owner.
     pub component: Option<String>,
+    /// The deletion timestamp and finalizers of a child being deleted: the
+    /// evidence of an orphan that garbage collection started but never ended.
+    pub deleting: Option<String>,
 }
 
 impl Child {
@@ -206,8 +209,13 @@ pub fn children_without_live_owner(
             Some((kind, uid)) if !live_owners.contains(uid) => Some((
                 child.key(),
                 format!(
-                    "{} is owned by {kind} {uid}, which does not exist",
-                    child.key()
+                    "{} is owned by {kind} {uid}, which does not exist{}",
+                    child.key(),
+                    child
+                        .deleting
+                        .as_ref()
+                        .map(|d| format!(" (deleting: {d})"))
+                        .unwrap_or_default()
                 ),
             )),
             Some(_) => None,
@@ -517,6 +525,7 @@ mod tests {
             name: name.into(),
             owner: owner.map(|uid| ("DatabaseCluster".into(), uid.into())),
             component: Some(component.into()),
+            deleting: None,
         }
     }
 

@@ -138,6 +138,12 @@ impl Observer {
             }
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
+        if !waiting.is_empty() {
+            match unready_pods_and_nodes(&workload.kwok).await {
+                Ok(report) => eprintln!("chaos: not converged; kwok pods and nodes:\n{report}"),
+                Err(e) => eprintln!("chaos: not converged; kwok pods not listed: {e}"),
+            }
+        }
         let writing = until_acknowledged_after(&workload.real, 5).await;
         if let Err(e) = writing {
             waiting.push(format!("{REAL_CLUSTER} acknowledges no writes: {e}"));
@@ -325,6 +331,11 @@ async fn list_children(workload: &Workload) -> Result<(Vec<Child>, BTreeSet<Stri
                     name: object.name_any(),
                     owner,
                     component: labels.get("app.kubernetes.io/component").cloned(),
+                    deleting: object
+                        .metadata
+                        .deletion_timestamp
+                        .as_ref()
+                        .map(|at| format!("since {}, finalizers {:?}", at.0, object.finalizers())),
                 });
             }
         }
@@ -590,6 +601,55 @@ async fn ready_kwok_pods(ns: &TestNamespace) -> Result {
         }
     }
     Ok(())
+}
+
+/// The evidence of a kwok cluster that did not converge: every node's
+/// readiness and taints, and every pod that is not Ready with its node,
+/// phase, owner and deletion.
+async fn unready_pods_and_nodes(ns: &TestNamespace) -> Result<String> {
+    use k8s_openapi::api::core::v1::Node;
+    let mut report = Vec::new();
+    for node in Api::<Node>::all(ns.client.clone())
+        .list(&ListParams::default())
+        .await?
+    {
+        let ready = has_true_condition(
+            node.status.as_ref().and_then(|s| s.conditions.as_ref()),
+            "Ready",
+        );
+        let taints: Vec<String> = node
+            .spec
+            .iter()
+            .flat_map(|s| s.taints.iter().flatten())
+            .map(|t| format!("{}:{}", t.key, t.effect))
+            .collect();
+        report.push(format!(
+            "node {} ready={ready} taints={taints:?}",
+            node.name_any()
+        ));
+    }
+    for pod in ns.api::<Pod>().list(&ListParams::default()).await? {
+        let status = pod.status.as_ref();
+        if has_true_condition(status.and_then(|s| s.conditions.as_ref()), "Ready") {
+            continue;
+        }
+        report.push(format!(
+            "pod {} node={:?} phase={:?} owner={:?} deleting={:?} finalizers={:?}",
+            pod.name_any(),
+            pod.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+            status.and_then(|s| s.phase.as_deref()),
+            pod.owner_references()
+                .iter()
+                .map(|o| format!("{}/{} {}", o.kind, o.name, o.uid))
+                .collect::<Vec<_>>(),
+            pod.metadata
+                .deletion_timestamp
+                .as_ref()
+                .map(|t| t.0.to_string()),
+            pod.finalizers(),
+        ));
+    }
+    Ok(report.join("\n"))
 }
 
 fn has_true_condition<C: serde::Serialize>(conditions: Option<&Vec<C>>, type_: &str) -> bool {
