@@ -10,6 +10,7 @@ pub mod error;
 pub mod failover;
 #[cfg(test)]
 mod fixtures;
+pub mod leftovers;
 pub mod metrics;
 pub mod reconcile;
 pub mod restore;

@@ -39,6 +39,7 @@ use crate::MANAGER;
 use crate::build::{self, Names, ROLE_LABEL, ROLE_PRIMARY, ROLE_REPLICA};
 use crate::error::Error;
 use crate::failover::{self, Decision, Member, Policy, Quorum};
+use crate::leftovers;
 use crate::metrics::ClusterMetrics;
 use crate::restore;
 use crate::rollout;
@@ -260,6 +261,7 @@ pub async fn reconcile(cluster: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Resu
     let members = members(&ctx, &cluster);
     let instances = Instances::of(Some(&stateful_set));
     let pods = instance_pods(&ctx, &cluster);
+    let leftovers = collect_leftovers(&ctx, &cluster, &stateful_set, &pods, &now).await?;
     let rolling = roll_out(&cluster, &stateful_set, &pods, &primary(&cluster), &members);
     let rollout_target = match &rolling {
         rollout::Step::SwitchOver(to) => Some(to.as_str()),
@@ -313,11 +315,61 @@ pub async fn reconcile(cluster: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Resu
     write_status(&ctx, &cluster, observed).await?;
     // Heartbeats trigger reconciles; silence does not, hence the recheck.
     let renew_in = tls::until(renew_at, SystemTime::now());
-    Ok(Recheck::Within(if roles.initialized {
+    let recheck = if roles.initialized {
         roles.recheck.min(renew_in)
     } else {
         renew_in
-    }))
+    };
+    Ok(Recheck::Within(
+        leftovers.map_or(recheck, |l| l.min(recheck)),
+    ))
+}
+
+/// Deletes the instance pods a replaced StatefulSet left behind once the
+/// garbage collector has had its grace (see `leftovers.rs`); when to look
+/// again while it still has.
+async fn collect_leftovers(
+    ctx: &Context,
+    cluster: &DatabaseCluster,
+    stateful_set: &StatefulSet,
+    pods: &[Arc<Pod>],
+    now: &Time,
+) -> Result<Option<Duration>, Error> {
+    let pods: Vec<&Pod> = pods.iter().map(AsRef::as_ref).collect();
+    let found = leftovers::leftovers(stateful_set, &pods, now);
+    let namespace = cluster.namespace().unwrap_or_default();
+    let api = Api::<Pod>::namespaced(ctx.client.clone(), &namespace);
+    for pod in found.collect {
+        let params = kube::api::DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                uid: Some(pod.uid.clone()),
+                resource_version: None,
+            }),
+            ..kube::api::DeleteParams::default()
+        };
+        match api.delete(&pod.pod, &params).await {
+            Ok(_) => {}
+            // Gone already, or replaced since the cache saw it.
+            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => continue,
+            Err(e) => return Err(e.into()),
+        }
+        let message = format!(
+            "deleted pod {} of the replaced StatefulSet {} (the garbage collector left it for over {} s): the current StatefulSet recreates it",
+            pod.pod,
+            pod.owner_uid,
+            leftovers::COLLECTOR_GRACE.as_secs()
+        );
+        tracing::warn!(pod = %pod.pod, owner = %pod.owner_uid, "{message}");
+        publish(
+            ctx,
+            cluster,
+            EventType::Warning,
+            "LeftoverPodDeleted",
+            message,
+        )
+        .await;
+    }
+    Ok(found.recheck)
 }
 
 /// Who is primary after this reconcile, and what the status says of it.

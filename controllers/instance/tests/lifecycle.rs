@@ -101,7 +101,7 @@ async fn reloadable_settings_apply_in_place_and_restart_ones_are_reported() -> R
 }
 
 #[tokio::test]
-async fn sigterm_stops_cleanly_and_a_killed_postgres_is_started_again() -> Result {
+async fn sigterm_stops_cleanly_and_a_killed_postgres_or_container_is_started_again() -> Result {
     let mut fixture = Fixture::new("signals", &[])?;
     let spec = fixture.instance("orders-0", "primary")?;
     let mut primary = fixture.start(&spec)?;
@@ -121,7 +121,7 @@ async fn sigterm_stops_cleanly_and_a_killed_postgres_is_started_again() -> Resul
         took.elapsed().as_secs_f64() * 1000.0
     );
     assert_eq!(primary.cluster_state()?, "shut down");
-    let primary = fixture.start(&spec)?;
+    let mut primary = fixture.start(&spec)?;
     primary.wait_ready(Duration::from_secs(30)).await?;
     let log = primary.log_text();
     assert!(!log.contains("not properly shut down"), "{log}");
@@ -167,6 +167,54 @@ async fn sigterm_stops_cleanly_and_a_killed_postgres_is_started_again() -> Resul
         primary.status().await?["lastError"],
         serde_json::Value::Null
     );
+
+    // The container killed with everything in it (an OOM kill, a node's
+    // containerd restarting it): both lock files stay, the data folder's
+    // and the socket's in the run folder (an emptyDir, which outlives the
+    // container). In the new container their pid is often alive, as one of
+    // cairn-instance's own threads (same user: postgres's `kill(pid, 0)`
+    // succeeds); a process of that user stands in for it. The postmaster
+    // must start anyway.
+    let postmaster = primary.postmaster_pid().ok_or("no postmaster.pid")?;
+    primary.signal(Signal::SIGKILL)?;
+    primary.wait_exit(Duration::from_secs(10)).await?;
+    // It may have gone with its parent already.
+    let _ = kill(Pid::from_raw(postmaster), Signal::SIGKILL);
+    let gone_by = Instant::now() + Duration::from_secs(10);
+    while std::path::Path::new(&format!("/proc/{postmaster}")).exists() && Instant::now() < gone_by
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let socket_lock = spec
+        .dir
+        .join("run")
+        .join(format!(".s.PGSQL.{}.lock", spec.port));
+    let pid_file = spec.data_dir().join("postmaster.pid");
+    let stand_in = fixture.process_of_the_instance_user(120)?;
+    let alive_pid = stand_in.id().ok_or("the stand-in exited")?;
+    for lock in [&socket_lock, &pid_file] {
+        let text = std::fs::read_to_string(lock)?;
+        let rest: Vec<&str> = text.lines().skip(1).collect();
+        std::fs::write(lock, format!("{alive_pid}\n{}\n", rest.join("\n")))?;
+    }
+    let restarted = Instant::now();
+    let primary = fixture.start(&spec)?;
+    primary.wait_ready(Duration::from_secs(60)).await?;
+    println!(
+        "ready {:.1} s after a restart over stale lock files naming a live pid",
+        restarted.elapsed().as_secs_f64()
+    );
+    assert!(
+        !primary.log_text().contains("already exists"),
+        "{}",
+        primary.log_text()
+    );
+    let row = primary
+        .sql()
+        .await?
+        .query_one("SELECT x FROM kept", &[])
+        .await?;
+    assert_eq!(row.get::<_, i32>(0), 42);
     fixture.passed()
 }
 

@@ -331,21 +331,24 @@ fn absent_is_fine(removed: std::io::Result<()>, path: &Path) -> Result<(), Error
     }
 }
 
-/// A postmaster.pid left by a postgres that no longer runs (the container
-/// restarted): its pid may now belong to another process, which would make
-/// postgres refuse to start.
-pub(super) fn remove_stale_pid_file(data: &Path) {
-    let path = data.join("postmaster.pid");
-    let Ok(text) = std::fs::read_to_string(&path) else {
+/// A lock file left by a postgres that no longer runs (the container
+/// restarted): postmaster.pid in the data folder, or the socket's lock in the
+/// run folder, which outlives the container too. The pid in its first line
+/// may now belong to another process, typically one of this program's own
+/// threads (a new container numbers from 1 again, and `kill(pid, 0)` answers
+/// for a thread id), which makes postgres refuse to start, again and again.
+/// A lock whose pid is a running postgres stays.
+pub(super) fn remove_stale_lock_file(path: &Path) {
+    let Ok(text) = std::fs::read_to_string(path) else {
         return;
     };
     let pid = text.lines().next().unwrap_or_default().trim();
-    let running = std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|cmdline| String::from_utf8_lossy(&cmdline).contains("postgres"))
-        .unwrap_or(false);
+    let running = !pid.is_empty()
+        && std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .is_ok_and(|comm| comm.trim() == "postgres");
     if !running {
-        tracing::info!(pid, "removing a stale postmaster.pid");
-        let _ = std::fs::remove_file(&path);
+        tracing::info!(pid, file = %path.display(), "removing a stale lock file");
+        let _ = std::fs::remove_file(path);
     }
 }
 
@@ -364,6 +367,28 @@ pub(super) fn latest_history(data: &Path) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lock_file_is_removed_unless_a_running_postgres_holds_it() {
+        let dir = std::env::temp_dir().join(format!("cairn-instance-lock-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap_or_default();
+        let lock = dir.join(".s.PGSQL.5432.lock");
+        // This process is alive but no postgres: what a restarted container's
+        // own thread looks like to postgres.
+        for pid in [
+            std::process::id().to_string(),
+            "999999999".to_owned(),
+            String::new(),
+        ] {
+            std::fs::write(&lock, format!("{pid}\n/var/lib/postgresql/data\n")).unwrap_or_default();
+            remove_stale_lock_file(&lock);
+            assert!(!lock.exists(), "a lock of pid {pid:?} stayed");
+        }
+        remove_stale_lock_file(&lock);
+        assert!(!lock.exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn new_folders_are_made_beside_the_data_folder() {

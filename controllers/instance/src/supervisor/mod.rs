@@ -32,7 +32,7 @@ mod upstream;
 
 use folder::{
     DataFolder, data_folder, latest_history, refuse_after_interrupted_rewind,
-    remove_stale_pid_file, rewind_marker,
+    remove_stale_lock_file, rewind_marker,
 };
 use upstream::{LeavingSlots, Slot, Source, Stuck};
 
@@ -227,6 +227,12 @@ impl Supervisor {
         let data = &self.config.data_dir;
         std::fs::create_dir_all(&self.config.run_dir)
             .context(|| format!("run folder {}", self.config.run_dir.display()))?;
+        remove_stale_lock_file(
+            &self
+                .config
+                .run_dir
+                .join(format!(".s.PGSQL.{}.lock", self.config.port)),
+        );
         self.tls.install(&self.tls.read()?)?;
         if role == Role::Replica {
             self.write_passwords()?;
@@ -234,7 +240,7 @@ impl Supervisor {
         match data_folder(data)? {
             DataFolder::Existing => {
                 tracing::info!(data = %data.display(), %role, "starting from the existing data folder");
-                remove_stale_pid_file(data);
+                remove_stale_lock_file(&data.join("postmaster.pid"));
                 let why = reclone.or_else(|| {
                     rewind_marker(data).exists().then(|| {
                         "pg_rewind did not finish, so the folder may be inconsistent".to_owned()

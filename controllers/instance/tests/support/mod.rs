@@ -245,6 +245,17 @@ impl Fixture {
     }
 
     /// Starts an instance.
+    /// A process that lives `seconds`, as the user the instances run as: a
+    /// stand-in for a process of the same user whose pid a stale lock names.
+    pub fn process_of_the_instance_user(&self, seconds: u32) -> Result<tokio::process::Child> {
+        let mut sleep = Command::new("sleep");
+        sleep.arg(seconds.to_string()).kill_on_drop(true);
+        if let Some((uid, gid)) = self.user {
+            sleep.uid(uid).gid(gid);
+        }
+        Ok(sleep.spawn()?)
+    }
+
     pub fn start(&self, spec: &InstanceSpec) -> Result<Instance> {
         let logs = self.root.join("logs");
         std::fs::create_dir_all(&logs)?;
