@@ -337,21 +337,9 @@ async fn collect_leftovers(
 ) -> Result<Option<Duration>, Error> {
     let pods: Vec<&Pod> = pods.iter().map(AsRef::as_ref).collect();
     let found = leftovers::leftovers(stateful_set, &pods, now);
-    let namespace = cluster.namespace().unwrap_or_default();
-    let api = Api::<Pod>::namespaced(ctx.client.clone(), &namespace);
     for pod in found.collect {
-        let params = kube::api::DeleteParams {
-            preconditions: Some(kube::api::Preconditions {
-                uid: Some(pod.uid.clone()),
-                resource_version: None,
-            }),
-            ..kube::api::DeleteParams::default()
-        };
-        match api.delete(&pod.pod, &params).await {
-            Ok(_) => {}
-            // Gone already, or replaced since the cache saw it.
-            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => continue,
-            Err(e) => return Err(e.into()),
+        if !delete_pod(ctx, cluster, &pod.pod, Some(pod.uid.clone())).await? {
+            continue;
         }
         let message = format!(
             "deleted pod {} of the replaced StatefulSet {} (the garbage collector left it for over {} s): the current StatefulSet recreates it",
@@ -862,10 +850,27 @@ async fn restart(
     let Some(pod) = pods.iter().find(|p| p.name_any() == name) else {
         return Ok(());
     };
+    if !delete_pod(ctx, cluster, name, pod.uid()).await? {
+        return Ok(());
+    }
+    tracing::info!(pod = %name, "restarting an instance with the new pod template");
+    let note = format!("restarting {name} with the new pod template");
+    publish(ctx, cluster, EventType::Normal, "RestartingInstance", note).await;
+    Ok(())
+}
+
+/// Deletes an instance pod if it is still the one with `uid` (the one the
+/// decision saw); false if it is gone already or was replaced since.
+async fn delete_pod(
+    ctx: &Context,
+    cluster: &DatabaseCluster,
+    name: &str,
+    uid: Option<String>,
+) -> Result<bool, Error> {
     let namespace = cluster.namespace().unwrap_or_default();
     let params = kube::api::DeleteParams {
         preconditions: Some(kube::api::Preconditions {
-            uid: pod.uid(),
+            uid,
             resource_version: None,
         }),
         ..kube::api::DeleteParams::default()
@@ -874,15 +879,10 @@ async fn restart(
         .delete(name, &params)
         .await
     {
-        Ok(_) => {}
-        // Gone already, or replaced since the cache saw it.
-        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => return Ok(()),
-        Err(e) => return Err(e.into()),
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(false),
+        Err(e) => Err(e.into()),
     }
-    tracing::info!(pod = %name, "restarting an instance with the new pod template");
-    let note = format!("restarting {name} with the new pod template");
-    publish(ctx, cluster, EventType::Normal, "RestartingInstance", note).await;
-    Ok(())
 }
 
 /// The pod running the primary: the one recorded in the status, or ordinal 0
