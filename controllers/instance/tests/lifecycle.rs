@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use support::{Fixture, Result, last_error};
+use support::{Fixture, Instance, Result, last_error};
 
 #[tokio::test]
 async fn readiness_follows_the_server_accepting_connections() -> Result {
@@ -148,12 +148,7 @@ async fn sigterm_stops_cleanly_and_a_killed_postgres_or_container_is_started_aga
         killed.elapsed().as_secs_f64()
     );
     assert_ne!(primary.postmaster_pid(), Some(before));
-    let row = primary
-        .sql()
-        .await?
-        .query_one("SELECT x FROM kept", &[])
-        .await?;
-    assert_eq!(row.get::<_, i32>(0), 42);
+    assert_eq!(kept_value(&primary).await?, 42);
     assert_eq!(
         primary.metric("cairn_postgres_restarts_total").await?,
         Some(1.0)
@@ -209,13 +204,18 @@ async fn sigterm_stops_cleanly_and_a_killed_postgres_or_container_is_started_aga
         "{}",
         primary.log_text()
     );
+    assert_eq!(kept_value(&primary).await?, 42);
+    fixture.passed()
+}
+
+/// The row the signals test wrote before stopping and killing the instance.
+async fn kept_value(primary: &Instance) -> Result<i32> {
     let row = primary
         .sql()
         .await?
         .query_one("SELECT x FROM kept", &[])
         .await?;
-    assert_eq!(row.get::<_, i32>(0), 42);
-    fixture.passed()
+    Ok(row.get(0))
 }
 
 /// The list the controller rolls pods for is PostgreSQL's own: every setting
