@@ -492,7 +492,8 @@ async fn until_record(
 
 /// DnsRecords as Route53 record sets in moto: created with their owner
 /// record, drift corrected, spec changes applied, another's record refused,
-/// a missing zone terminal, deleted (Delete) or kept (Orphan).
+/// a missing zone terminal, deleted and created again under the same name,
+/// deleted (Delete) or kept (Orphan).
 #[tokio::test]
 async fn dns_records_follow_their_policies() -> Result {
     let namespace = cluster().namespace("cloud-dns").await?;
@@ -591,6 +592,33 @@ async fn dns_records_follow_their_policies() -> Result {
         )
         .await?;
     until_record(&records, "lost", "Synced", "False", "InvalidRequest").await?;
+
+    // Deleted and created again under the same name and values: created
+    // again (record sets sorting after it in the zone must not matter).
+    let again = format!("again.{zone}");
+    let again_spec =
+        json!({ "zone": zone, "name": again, "values": ["10.5.5.5"], "deletionPolicy": "Delete" });
+    for round in ["first", "second"] {
+        records
+            .create(
+                &PostParams::default(),
+                &record("again", again_spec.clone())?,
+            )
+            .await?;
+        until_record(&records, "again", "Ready", "True", "Available").await?;
+        assert_eq!(
+            record_values(&route53, &zone_id, &again, "A").await?,
+            ["10.5.5.5"],
+            "{round} create"
+        );
+        records.delete("again", &DeleteParams::default()).await?;
+        wait::for_deletion(&records, "again", TIMEOUT).await?;
+    }
+    assert!(
+        record_values(&route53, &zone_id, &again, "A")
+            .await?
+            .is_empty()
+    );
 
     // Orphan keeps the record; Delete removes it and its owner record.
     let kept = format!("kept.{zone}");
