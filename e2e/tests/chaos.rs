@@ -1,8 +1,7 @@
 //! The chaos run: a fixed list of seeds, a few minutes each (see
 //! `e2e/src/chaos/` for what it does and checks). Other seeds and longer
 //! runs: `hack/chaos.sh [--seed N] [--minutes M]`, which runs this test with
-//! `CAIRN_CHAOS_SEEDS` and `CAIRN_CHAOS_MINUTES`. Not yet in `hack/test.sh`
-//! (`test = false` in Cargo.toml): see docs/chaos.md.
+//! `CAIRN_CHAOS_SEEDS` and `CAIRN_CHAOS_MINUTES`. See docs/chaos.md.
 
 use cairn_e2e::chaos::{self, Settings};
 
