@@ -7,7 +7,7 @@ use std::sync::Arc;
 use cairn_api::database::v1::DatabaseCluster;
 use cairn_runtime::manager::Manager;
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use kube::runtime::controller::Controller;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
@@ -111,9 +111,9 @@ impl Children<'_> {
 
     /// Pods belong to the StatefulSet; their cluster is in their labels.
     fn pods(&mut self) -> Store<Pod> {
-        let cache = self
-            .manager
-            .cache(self.manager.api::<Pod>(), self.selector.clone());
+        let cache =
+            self.manager
+                .cache_trimmed(self.manager.api::<Pod>(), self.selector.clone(), trim_pod);
         let store = cache.store();
         self.controller = self.controller.take().map(|c| {
             c.watches_shared_stream(cache.trigger(), |pod: Arc<Pod>| {
@@ -123,5 +123,50 @@ impl Children<'_> {
             })
         });
         store
+    }
+}
+
+/// Keeps of an instance pod what the reconcile reads: its metadata (labels,
+/// annotations, owner, deletion) and its conditions. The spec and the
+/// container statuses, most of a pod, never enter the cache.
+fn trim_pod(pod: &mut Pod) {
+    pod.spec = None;
+    pod.status = pod.status.take().map(|status| PodStatus {
+        conditions: status.conditions,
+        ..PodStatus::default()
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cached_pod_keeps_its_metadata_and_conditions_only() {
+        let mut pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "db-0", "labels": { "app.kubernetes.io/instance": "db" } },
+            "spec": { "containers": [{ "name": "postgres", "image": "cairn/postgres" }] },
+            "status": {
+                "phase": "Running",
+                "podIP": "10.0.0.7",
+                "conditions": [{ "type": "Ready", "status": "True" }],
+                "containerStatuses": [{
+                    "name": "postgres", "image": "cairn/postgres", "imageID": "",
+                    "ready": true, "restartCount": 2,
+                }],
+            },
+        }))
+        .expect("a pod");
+        let metadata = pod.metadata.clone();
+        trim_pod(&mut pod);
+        assert_eq!(
+            serde_json::to_value(&pod).expect("json"),
+            serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": metadata,
+                "status": { "conditions": [{ "type": "Ready", "status": "True" }] },
+            })
+        );
     }
 }

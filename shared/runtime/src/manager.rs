@@ -295,6 +295,21 @@ impl Manager {
     where
         K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
     {
+        self.cache_trimmed(api, watch, |_| {})
+    }
+
+    /// [`Manager::cache`], with `trim` dropping the parts of each object its
+    /// controller never reads before the object enters the cache (for
+    /// example a pod's spec): memory is what caches cost at scale.
+    pub fn cache_trimmed<K>(
+        &mut self,
+        api: Api<K>,
+        watch: watcher::Config,
+        trim: fn(&mut K),
+    ) -> Cache<K>
+    where
+        K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+    {
         // Not kube's shared store: its subscription looks each changed
         // object up in the store when it is read, and when the object was
         // deleted in between it answers Pending without waking the reader
@@ -312,7 +327,10 @@ impl Manager {
         let mut before_relist: Option<Vec<Arc<K>>> = None;
         let reflect = watcher(api, watch)
             .default_backoff()
-            .modify(trim_for_cache)
+            .modify(move |object| {
+                trim_for_cache(object);
+                trim(object);
+            })
             .reflect(writer)
             .for_each(move |event| {
                 match event {
