@@ -34,7 +34,10 @@ use std::time::{Duration, Instant};
 use cairn_api::database::v1::DatabaseCluster;
 use cairn_testing::process::{ControllerProcess, free_address, http_get};
 use cairn_testing::{Error, audit, cluster, wait};
-use common::{all_write_requests, create, request_counts, rss_kib, start_controller, until_ready};
+use common::{
+    all_write_requests, create, process_cpu_seconds, request_counts, rss_kib, start_controller,
+    until_ready,
+};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
@@ -565,24 +568,9 @@ fn verb_resource(write: &audit::WriteRequest) -> String {
     }
 }
 
-/// User and system CPU time of a process so far, in seconds (/proc, clock
-/// ticks of `getconf CLK_TCK`).
+/// User and system CPU time of a process so far, in seconds.
 fn cpu_seconds(process: &ControllerProcess) -> Option<f64> {
-    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-    let ticks = *TICKS.get_or_init(|| {
-        std::process::Command::new("getconf")
-            .arg("CLK_TCK")
-            .output()
-            .ok()
-            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-            .unwrap_or(100.0)
-    });
-    let stat = std::fs::read_to_string(format!("/proc/{}/stat", process.pid()?)).ok()?;
-    // After the command name: state is the 1st field, utime the 12th, stime the 13th.
-    let fields: Vec<&str> = stat.rsplit_once(") ")?.1.split(' ').collect();
-    let utime: f64 = fields.get(11)?.parse().ok()?;
-    let stime: f64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime) / ticks)
+    process_cpu_seconds(process.pid()?)
 }
 
 fn print(

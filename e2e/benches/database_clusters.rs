@@ -2,8 +2,11 @@
 //! controller process running with its chart's RBAC. Prints the seconds until
 //! all are Ready, the controller's write requests per cluster by verb (audit
 //! log), every client's requests by verb (API server metrics), the
-//! controller's RSS with no cluster and after (and so its memory per cached
-//! object), its peak RSS, its writes during one idle minute afterwards, and
+//! time the reconciles took (percentiles), when a quarter, half and three
+//! quarters were Ready, the CPU seconds each control-plane process and the
+//! controller used until then (where the time went), the controller's RSS
+//! with no cluster and after (and so its memory per cached object), its
+//! peak RSS, its writes during one idle minute afterwards, and
 //! then a restart: a second process's time from start to `/readyz` with
 //! every object to cache, and, once the leader is stopped, its time to
 //! reconcile every cluster and its writes (none for converged clusters).
@@ -30,8 +33,8 @@ use cairn_api::database::v1::DatabaseCluster;
 use cairn_testing::process::ControllerProcess;
 use cairn_testing::{Error, cluster, wait};
 use common::{
-    all_write_requests, create, request_counts, rss_kib, start_controller, start_replica,
-    until_ready, until_ready_to_serve,
+    all_write_requests, create, process_cpu_seconds, request_counts, rss_kib, start_controller,
+    start_replica, until_ready, until_ready_to_serve,
 };
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::Api;
@@ -54,11 +57,19 @@ async fn main() -> Result<(), Error> {
     let empty_rss = settled_rss_kib(&controller).await;
 
     let clusters = namespace.api::<DatabaseCluster>();
+    let busy = busy_processes(&controller);
+    let cpu_before = cpu_seconds(&busy);
     let started = Instant::now();
     create(&clusters, 0..count).await?;
     let created = started.elapsed();
-    until_ready(&clusters, count, started).await?;
+    let progress = until_ready(&clusters, count, started).await?;
     let all_ready = started.elapsed();
+    let cpu_used = cpu_seconds(&busy);
+    let durations = reconcile_duration_quantiles(
+        &controller.metrics().await?,
+        "DatabaseCluster",
+        &[0.5, 0.9, 0.99],
+    );
     tokio::time::sleep(Duration::from_secs(3)).await;
     let writes = all_write_requests(&local.audit_log())?;
     let controller_writes: Vec<_> = writes
@@ -91,6 +102,25 @@ async fn main() -> Result<(), Error> {
         "| all Ready, from the first create | {:.1} s |",
         all_ready.as_secs_f64()
     );
+    println!(
+        "| DatabaseCluster reconcile duration until then: p50, p90, p99 (histogram bucket) | {} |",
+        durations.join(", ")
+    );
+    println!(
+        "| Ready over time | {} |",
+        ready_over_time(&progress, count).join(", ")
+    );
+    let mut busiest: Vec<(&String, f64)> = cpu_used
+        .iter()
+        .map(|(name, after)| (name, after - cpu_before.get(name).copied().unwrap_or(0.0)))
+        .collect();
+    busiest.sort_by(|a, b| b.1.total_cmp(&a.1));
+    for (name, seconds) in busiest {
+        println!(
+            "| CPU until all Ready: {name} | {seconds:.0} s ({:.0} % of a core) |",
+            100.0 * seconds / all_ready.as_secs_f64()
+        );
+    }
     let mut by_verb: BTreeMap<String, usize> = BTreeMap::new();
     for write in &controller_writes {
         if write.resource != "leases" {
@@ -152,6 +182,20 @@ async fn main() -> Result<(), Error> {
         takeover.writes
     );
     Ok(())
+}
+
+/// When a quarter, half, three quarters and all of `count` clusters were
+/// Ready, from the samples [`until_ready`] took.
+fn ready_over_time(progress: &[(Duration, usize)], count: usize) -> Vec<String> {
+    [25, 50, 75, 100]
+        .into_iter()
+        .filter_map(|percent| {
+            let (at, _) = progress
+                .iter()
+                .find(|(_, ready)| ready * 100 >= count * percent)?;
+            Some(format!("{percent} % at {:.0} s", at.as_secs_f64()))
+        })
+        .collect()
 }
 
 /// What a restart costs with every cluster's objects present.
@@ -379,4 +423,64 @@ async fn churn_batch(
         .delete_collection(&DeleteParams::background(), &ListParams::default())
         .await?;
     Ok(())
+}
+
+/// The processes whose CPU time says where a benchmark's time went: the
+/// local control plane's (from the cluster's pid files) and the controller.
+fn busy_processes(controller: &ControllerProcess) -> Vec<(String, u32)> {
+    let pids = cluster().state_dir().join("pids");
+    let mut processes: Vec<(String, u32)> = [
+        "kube-apiserver",
+        "etcd",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "kwok",
+    ]
+    .into_iter()
+    .filter_map(|name| {
+        let line = std::fs::read_to_string(pids.join(format!("{name}.pid"))).ok()?;
+        Some((
+            name.to_owned(),
+            line.split_whitespace().next()?.parse().ok()?,
+        ))
+    })
+    .collect();
+    if let Some(pid) = controller.pid() {
+        processes.push(("cairn controller".to_owned(), pid));
+    }
+    processes
+}
+
+/// CPU seconds (user and system) each process has used so far.
+fn cpu_seconds(processes: &[(String, u32)]) -> BTreeMap<String, f64> {
+    processes
+        .iter()
+        .filter_map(|(name, pid)| Some((name.clone(), process_cpu_seconds(*pid)?)))
+        .collect()
+}
+
+/// The upper bounds of the histogram buckets holding quantiles `quantiles`
+/// of the controller's reconcile durations for `kind` (Prometheus text).
+fn reconcile_duration_quantiles(metrics: &str, kind: &str, quantiles: &[f64]) -> Vec<String> {
+    let kind_label = format!(r#"kind="{kind}""#);
+    let buckets: Vec<(String, f64)> = metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("cairn_reconcile_duration_seconds_bucket{") && l.contains(&kind_label)
+        })
+        .filter_map(|l| {
+            let le = l.split(r#"le=""#).nth(1)?.split('"').next()?.to_owned();
+            Some((le, l.rsplit(' ').next()?.parse().ok()?))
+        })
+        .collect();
+    let total = buckets.last().map_or(0.0, |(_, n)| *n);
+    quantiles
+        .iter()
+        .map(|q| {
+            buckets
+                .iter()
+                .find(|(_, n)| *n >= q * total && total > 0.0)
+                .map_or("unknown".to_owned(), |(le, _)| format!("≤ {le} s"))
+        })
+        .collect()
 }

@@ -100,12 +100,14 @@ pub async fn create(clusters: &Api<DatabaseCluster>, range: Range<usize>) -> Res
         .map(drop)
 }
 
-/// Waits until `count` clusters exist and all are Ready.
+/// Waits until `count` clusters exist and all are Ready; returns how many
+/// were Ready when, from `started`, at each look (every 2 s or so).
 pub async fn until_ready(
     clusters: &Api<DatabaseCluster>,
     count: usize,
     started: Instant,
-) -> Result<(), Error> {
+) -> Result<Vec<(Duration, usize)>, Error> {
+    let progress = std::sync::Mutex::new(Vec::new());
     wait::until(
         &format!("{count} clusters Ready"),
         Duration::from_secs(3600),
@@ -119,6 +121,9 @@ pub async fn until_ready(
                 .iter()
                 .filter(|c| wait::condition_status(c, "Ready").as_deref() == Some("True"))
                 .count();
+            if let Ok(mut progress) = progress.lock() {
+                progress.push((started.elapsed(), ready));
+            }
             if ready == count {
                 return Ok(Some(()));
             }
@@ -133,7 +138,7 @@ pub async fn until_ready(
     )
     .await?;
     eprintln!();
-    Ok(())
+    Ok(progress.into_inner().unwrap_or_default())
 }
 
 /// `apiserver_request_total` summed by verb, from the API server's metrics.
@@ -203,4 +208,23 @@ pub fn all_write_requests(log: &Path) -> Result<Vec<audit::WriteRequest>, Error>
         requests.extend(audit::write_requests(file)?);
     }
     Ok(requests)
+}
+
+/// CPU seconds (user and system) process `pid` has used so far.
+pub fn process_cpu_seconds(pid: u32) -> Option<f64> {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    let ticks = *TICKS.get_or_init(|| {
+        std::process::Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+            .unwrap_or(100.0)
+    });
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name: state is the 1st field, utime the 12th, stime the 13th.
+    let fields: Vec<&str> = stat.rsplit_once(") ")?.1.split(' ').collect();
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) / ticks)
 }
