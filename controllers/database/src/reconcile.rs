@@ -1220,23 +1220,45 @@ async fn write_status(
     };
     ctx.decisions.written(&written, false);
     let reference = cluster.object_ref(&());
-    for type_ in [READY, PROGRESSING, DEGRADED, CONTINUOUS_ARCHIVING] {
-        let Some(current) = status::condition(Some(&status), type_) else {
-            continue;
-        };
-        let before = status::condition(previous, type_);
-        // A new cluster's instances are not ready yet: expected, no Warning.
-        if before.is_none() && current.reason == status::reason::INSTANCES_NOT_READY {
-            continue;
-        }
-        if let Some(event) = events::on_transition(before, current)
-            && let Err(e) = ctx.recorder.publish(&event, &reference).await
-        {
+    for event in transition_events(previous, &status) {
+        if let Err(e) = ctx.recorder.publish(&event, &reference).await {
             // An Event is a courtesy; losing one must not fail the reconcile.
             tracing::warn!(error = %e, "could not publish an Event");
         }
     }
     Ok(())
+}
+
+/// The Events announcing what changed from `previous` to `status`: one per
+/// real transition (every Event is a write).
+fn transition_events(
+    previous: Option<&DatabaseClusterStatus>,
+    status: &DatabaseClusterStatus,
+) -> Vec<kube::runtime::events::Event> {
+    let changed = |type_: &str| {
+        let current = status::condition(Some(status), type_)?;
+        let before = status::condition(previous, type_);
+        // A new cluster's instances are not ready yet: expected, no Warning.
+        if before.is_none() && current.reason == status::reason::INSTANCES_NOT_READY {
+            return None;
+        }
+        events::on_transition(before, current).map(|event| (current, event))
+    };
+    let ready = changed(READY);
+    // Progress that ended as the cluster became Ready (or stopped being
+    // Ready) is the same transition, announced once, by Ready.
+    let progressing = changed(PROGRESSING)
+        .filter(|(current, _)| ready.is_none() || current.reason != status::reason::CONVERGED);
+    [
+        ready,
+        progressing,
+        changed(DEGRADED),
+        changed(CONTINUOUS_ARCHIVING),
+    ]
+    .into_iter()
+    .flatten()
+    .map(|(_, event)| event)
+    .collect()
 }
 
 #[cfg(test)]
@@ -1250,6 +1272,50 @@ mod tests {
             ..DatabaseClusterStatus::default()
         });
         cluster
+    }
+
+    fn with_conditions(conditions: &[(&str, bool, &str)]) -> DatabaseClusterStatus {
+        let now = Time(Timestamp::from_second(1).expect("valid"));
+        DatabaseClusterStatus {
+            conditions: conditions
+                .iter()
+                .map(|(type_, ok, reason)| {
+                    cairn_runtime::conditions::new(type_, *ok, reason, "", Some(1), now.clone())
+                })
+                .collect(),
+            ..DatabaseClusterStatus::default()
+        }
+    }
+
+    #[test]
+    fn a_new_cluster_that_becomes_ready_is_announced_by_one_event() {
+        use status::reason::{ALL_INSTANCES_READY, CONVERGED, CREATING, INSTANCES_NOT_READY};
+        let creating = with_conditions(&[
+            (READY, false, INSTANCES_NOT_READY),
+            (PROGRESSING, true, CREATING),
+            (DEGRADED, false, status::reason::HEALTHY),
+        ]);
+        assert!(transition_events(None, &creating).is_empty());
+        let ready = with_conditions(&[
+            (READY, true, ALL_INSTANCES_READY),
+            (PROGRESSING, false, CONVERGED),
+            (DEGRADED, false, status::reason::HEALTHY),
+        ]);
+        let events = transition_events(Some(&creating), &ready);
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].reason, ALL_INSTANCES_READY);
+        assert_eq!(events[0].type_, EventType::Normal);
+
+        // A rollout that ends while the cluster stays Ready is its own news.
+        let rolling = with_conditions(&[
+            (READY, true, ALL_INSTANCES_READY),
+            (PROGRESSING, true, status::reason::ROLLING_OUT),
+            (DEGRADED, false, status::reason::HEALTHY),
+        ]);
+        let events = transition_events(Some(&rolling), &ready);
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].reason, CONVERGED);
+        assert_eq!(events[0].type_, EventType::Normal);
     }
 
     #[test]

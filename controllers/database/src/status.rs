@@ -26,7 +26,7 @@ pub mod reason {
     pub const CREATING: &str = "Creating";
     pub const SCALING: &str = "Scaling";
     pub const ROLLING_OUT: &str = "RollingOut";
-    pub const CONVERGED: &str = "Converged";
+    pub const CONVERGED: &str = cairn_runtime::events::CONVERGED;
     pub const INSTANCES_UNAVAILABLE: &str = "InstancesUnavailable";
     pub const HEALTHY: &str = "Healthy";
     pub const INVALID_SPEC: &str = "InvalidSpec";

@@ -6,9 +6,14 @@ use kube::runtime::events::{Event, EventType};
 
 use crate::conditions::Condition;
 
+/// The reason of `Progressing=False` when the work is done: the healthy
+/// end of progress, not a failure to progress.
+pub const CONVERGED: &str = "Converged";
+
 /// The Event announcing `current`, if it differs from `previous` (the
 /// condition of the same type before this reconcile). A condition turning
-/// False is a Warning when its type is one where True is healthy. A
+/// False is a Warning when its type is one where True is healthy
+/// (`Progressing` is healthy when True and when it ended [`CONVERGED`]). A
 /// condition's first appearance is announced only when it is a problem: a
 /// new object's healthy conditions (`Degraded=False`, `Progressing=True`)
 /// are no news, and every Event is a write.
@@ -19,6 +24,7 @@ pub fn on_transition(previous: Option<&Condition>, current: &Condition) -> Optio
     let healthy = match current.type_.as_str() {
         // For these, True is the bad state.
         "Degraded" | "Stalled" => current.status != "True",
+        "Progressing" => current.status != "False" || current.reason == CONVERGED,
         _ => current.status != "False",
     };
     if previous.is_none() && healthy {
@@ -87,6 +93,24 @@ mod tests {
         let event = on_transition(Some(&ready), &down).expect("status changed");
         assert_eq!(event.type_, EventType::Warning);
         assert_eq!(event.note.as_deref(), Some("pod orders-2 is not ready"));
+    }
+
+    #[test]
+    fn progress_that_ends_converged_is_normal_and_one_that_stops_short_a_warning() {
+        let rolling = new("Progressing", true, "RollingOut", "1/3", Some(2), at(1));
+        let converged = new("Progressing", false, CONVERGED, "3/3", Some(2), at(2));
+        let event = on_transition(Some(&rolling), &converged).expect("a transition");
+        assert_eq!(event.type_, EventType::Normal);
+        let refused = new(
+            "Progressing",
+            false,
+            "SwitchoverRefused",
+            "no replica",
+            Some(2),
+            at(3),
+        );
+        let event = on_transition(Some(&converged), &refused).expect("a transition");
+        assert_eq!(event.type_, EventType::Warning);
     }
 
     #[test]
