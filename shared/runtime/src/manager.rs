@@ -603,14 +603,26 @@ where
             Vec::new()
         }
         watcher::Event::InitApply(_) => Vec::new(),
+        // A relist announces what it changed, not every object again: the
+        // first list announces everything; a relist after a watch gap (an
+        // API server outage, a 410) only the objects created or changed
+        // meanwhile and those deleted. Announcing every child again woke
+        // every owner after each gap.
         watcher::Event::InitDone => {
             let before = before_relist.take().unwrap_or_default();
+            let versions: HashMap<ObjectRef<K>, Option<String>> = before
+                .iter()
+                .map(|o| (ObjectRef::from_obj(&**o), o.meta().resource_version.clone()))
+                .collect();
             let gone = gone_after_relist(before, store)
                 .into_iter()
                 .map(Change::Deleted);
             store
                 .state()
                 .into_iter()
+                .filter(|o| {
+                    versions.get(&ObjectRef::from_obj(&**o)) != Some(&o.meta().resource_version)
+                })
                 .map(Change::Applied)
                 .chain(gone)
                 .collect()
@@ -1200,26 +1212,59 @@ mod tests {
         );
     }
 
+    fn config_map_at(name: &str, version: &str) -> k8s_openapi::api::core::v1::ConfigMap {
+        let mut object = (*config_map(name)).clone();
+        object.metadata.resource_version = Some(version.into());
+        object
+    }
+
     #[test]
-    fn after_a_relist_every_object_and_every_missed_deletion_is_a_change() {
+    fn the_first_list_announces_every_object() {
         let (store, mut writer) = reflector::store::<k8s_openapi::api::core::v1::ConfigMap>();
         let mut before_relist = None;
-        for name in ["kept", "deleted"] {
-            writer.apply_watcher_event(&watcher::Event::Apply((*config_map(name)).clone()));
-        }
         let mut changes = Vec::new();
         for event in [
             watcher::Event::Init,
-            watcher::Event::InitApply((*config_map("kept")).clone()),
+            watcher::Event::InitApply(config_map_at("a", "1")),
+            watcher::Event::InitApply(config_map_at("b", "2")),
             watcher::Event::InitDone,
         ] {
             writer.apply_watcher_event(&event);
             changes.extend(changes_of(&event, &store, &mut before_relist));
         }
-        let seen = applied_or_deleted(changes);
+        let mut seen = applied_or_deleted(changes);
+        seen.sort();
+        assert_eq!(seen, vec![(true, "a".to_owned()), (true, "b".to_owned())]);
+    }
+
+    #[test]
+    fn a_relist_announces_what_changed_during_the_gap_and_the_missed_deletions_only() {
+        let (store, mut writer) = reflector::store::<k8s_openapi::api::core::v1::ConfigMap>();
+        let mut before_relist = None;
+        for (name, version) in [("kept", "1"), ("changed", "2"), ("deleted", "3")] {
+            writer.apply_watcher_event(&watcher::Event::Apply(config_map_at(name, version)));
+        }
+        let mut changes = Vec::new();
+        for event in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(config_map_at("kept", "1")),
+            watcher::Event::InitApply(config_map_at("changed", "7")),
+            watcher::Event::InitApply(config_map_at("created", "8")),
+            watcher::Event::InitDone,
+        ] {
+            writer.apply_watcher_event(&event);
+            changes.extend(changes_of(&event, &store, &mut before_relist));
+        }
+        let mut seen = applied_or_deleted(changes);
+        seen.sort();
         assert_eq!(
             seen,
-            vec![(true, "kept".to_owned()), (false, "deleted".to_owned())]
+            vec![
+                (false, "deleted".to_owned()),
+                (true, "changed".to_owned()),
+                (true, "created".to_owned()),
+            ],
+            "the unchanged object is no news"
         );
     }
 
