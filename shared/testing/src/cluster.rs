@@ -302,6 +302,23 @@ impl LocalCluster {
         run_script(&["thaw-task", &state, socket, id]).map(drop)
     }
 
+    /// Stops kube-controller-manager (SIGSTOP to its process group), as a
+    /// manager stuck or partitioned would be: its garbage collector and
+    /// workload controllers act on nothing until the returned guard is
+    /// dropped, which lets it run again.
+    pub fn freeze_controller_manager(&self) -> Result<FrozenProcess, Error> {
+        let file = self.state_dir.join("pids/kube-controller-manager.pid");
+        let line = std::fs::read_to_string(&file)
+            .map_err(|e| Error::Setup(format!("{}: {e}", file.display())))?;
+        let pid = line
+            .split_whitespace()
+            .next()
+            .ok_or_else(|| Error::Setup(format!("{}: no pid", file.display())))?
+            .to_owned();
+        signal_group(&pid, "STOP")?;
+        Ok(FrozenProcess { pid })
+    }
+
     /// Drops every packet from the pod at `pod_ip` to the API server (and
     /// only those: the database network stays up), established connections
     /// included, until [`Self::heal_from_apiserver`].
@@ -350,12 +367,44 @@ fn start_dev_cluster() -> Result<PathBuf, Error> {
         .ok_or_else(|| Error::Setup("local-cluster.sh env printed no CAIRN_CLUSTER_STATE".into()))
 }
 
-/// Runs `hack/local-cluster.sh ARGS`; its standard output.
 /// A container frozen by [`LocalCluster::freeze_container`]: its node's
 /// containerd socket and its task.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FrozenTask(String);
 
+/// A component frozen by [`LocalCluster::freeze_controller_manager`]; it
+/// runs again when this is dropped (a failing test included).
+#[derive(Debug)]
+pub struct FrozenProcess {
+    pid: String,
+}
+
+impl Drop for FrozenProcess {
+    fn drop(&mut self) {
+        if let Err(e) = signal_group(&self.pid, "CONT") {
+            eprintln!("cannot thaw process group {}: {e}", self.pid);
+        }
+    }
+}
+
+/// Sends `signal` to the process group led by `pid` (the local cluster
+/// starts each component in its own group).
+fn signal_group(pid: &str, signal: &str) -> Result<(), Error> {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg("--")
+        .arg(format!("-{pid}"))
+        .status()
+        .map_err(|e| Error::Setup(format!("cannot run kill: {e}")))?;
+    match status.success() {
+        true => Ok(()),
+        false => Err(Error::Setup(format!(
+            "kill -{signal} -- -{pid} failed ({status})"
+        ))),
+    }
+}
+
+/// Runs `hack/local-cluster.sh ARGS`; its standard output.
 fn run_script(args: &[&str]) -> Result<String, Error> {
     let script = crate::repo_root().join("hack/local-cluster.sh");
     let run = |args: &[&str]| {

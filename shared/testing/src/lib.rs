@@ -29,7 +29,7 @@ pub mod process;
 pub mod s3;
 pub mod wait;
 
-pub use cluster::{FrozenTask, KubectlOutput, LocalCluster, cluster};
+pub use cluster::{FrozenProcess, FrozenTask, KubectlOutput, LocalCluster, cluster};
 
 /// The repository's root, found when the test runs, from the package under
 /// test (cargo sets `CARGO_MANIFEST_DIR` for `cargo test`): a build cached
