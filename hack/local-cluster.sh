@@ -92,6 +92,16 @@ start() {
 
 start_time() { proc_stat "$1" | awk '{print $20}'; }
 
+# start_supervised NAME COMMAND... : `start`, and COMMAND started again a
+# second after it exits, as a kubelet restarts a control plane's static pods:
+# kube-scheduler exits by design when it finds its cache inconsistent (seen
+# after API server outages), and nothing would be scheduled again. The pid
+# file names the supervising shell; its process group holds both.
+start_supervised() {
+  local name=$1; shift
+  start "$name" bash -c 'while :; do "$@"; echo "[local-cluster] exited ($?); starting again in 1 s" >&2; sleep 1; done' supervise "$@"
+}
+
 # The pid of component NAME if that very process is still running (a zombie,
 # exited but not yet reaped by init, is not), else nothing.
 live_pid() {
@@ -237,7 +247,7 @@ POLICY
 
 start_controllers() { # ports: controller-manager scheduler kwok
   local pki=$STATE/pki kubeconfig=$STATE/kubeconfig
-  start kube-controller-manager "$BIN/kube-controller-manager" \
+  start_supervised kube-controller-manager "$BIN/kube-controller-manager" \
     --kubeconfig="$kubeconfig" --authentication-kubeconfig="$kubeconfig" --authorization-kubeconfig="$kubeconfig" \
     --bind-address=127.0.0.1 --secure-port="$1" --leader-elect=false \
     --controllers='*' --use-service-account-credentials=false \
@@ -257,7 +267,7 @@ clientConnection:
 leaderElection:
   leaderElect: false
 EOF
-  start kube-scheduler "$BIN/kube-scheduler" --config="$STATE/scheduler.yaml" \
+  start_supervised kube-scheduler "$BIN/kube-scheduler" --config="$STATE/scheduler.yaml" \
     --authentication-kubeconfig="$kubeconfig" --authorization-kubeconfig="$kubeconfig" \
     --bind-address=127.0.0.1 --secure-port="$2"
   # kwok fakes its own nodes only (a real node's pods would otherwise be

@@ -439,10 +439,12 @@ fn busy_processes(controller: &ControllerProcess) -> Vec<(String, u32)> {
     .into_iter()
     .filter_map(|name| {
         let line = std::fs::read_to_string(pids.join(format!("{name}.pid"))).ok()?;
-        Some((
-            name.to_owned(),
-            line.split_whitespace().next()?.parse().ok()?,
-        ))
+        let pid: u32 = line.split_whitespace().next()?.parse().ok()?;
+        // A supervised component's pid file names its supervising shell.
+        let child = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+            .ok()
+            .and_then(|children| children.split_whitespace().next()?.parse().ok());
+        Some((name.to_owned(), child.unwrap_or(pid)))
     })
     .collect();
     if let Some(pid) = controller.pid() {
