@@ -18,6 +18,7 @@ pub mod rollout;
 pub mod status;
 pub mod switchover;
 pub mod tls;
+pub mod tokens;
 pub mod webhook;
 pub mod wiring;
 

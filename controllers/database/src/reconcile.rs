@@ -48,6 +48,7 @@ use crate::status::{
 };
 use crate::switchover::{self, SWITCHOVER_ANNOTATION, Step};
 use crate::tls;
+use crate::tokens;
 
 /// What every reconcile reads from and writes with.
 pub struct Context {
@@ -262,6 +263,7 @@ pub async fn reconcile(cluster: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Resu
     let instances = Instances::of(Some(&stateful_set));
     let pods = instance_pods(&ctx, &cluster);
     let leftovers = collect_leftovers(&ctx, &cluster, &stateful_set, &pods, &now).await?;
+    restart_void_tokens(&ctx, &cluster, &pods).await?;
     let rolling = roll_out(&cluster, &stateful_set, &pods, &primary(&cluster), &members);
     let rollout_target = match &rolling {
         rollout::Step::SwitchOver(to) => Some(to.as_str()),
@@ -358,6 +360,44 @@ async fn collect_leftovers(
         .await;
     }
     Ok(found.recheck)
+}
+
+/// Restarts the instance pods whose token names a ServiceAccount deleted
+/// since (see `tokens.rs`), replicas first.
+async fn restart_void_tokens(
+    ctx: &Context,
+    cluster: &DatabaseCluster,
+    pods: &[Arc<Pod>],
+) -> Result<(), Error> {
+    let namespace = cluster.namespace().unwrap_or_default();
+    let account_name = build::service_account(cluster).name_any();
+    let Some(account) = ctx
+        .caches
+        .service_accounts
+        .get(&ObjectRef::new(&account_name).within(&namespace))
+    else {
+        return Ok(());
+    };
+    let pods: Vec<&Pod> = pods.iter().map(AsRef::as_ref).collect();
+    for pod in tokens::void_token_pods(&account, &pods, &primary(cluster)) {
+        let name = pod.name_any();
+        if !delete_pod(ctx, cluster, &name, pod.uid()).await? {
+            continue;
+        }
+        let message = format!(
+            "deleted pod {name}: its token names ServiceAccount {account_name} as it was before it was deleted and created again, and the API server refuses it; the new pod gets a valid one"
+        );
+        tracing::warn!(pod = %name, "{message}");
+        publish(
+            ctx,
+            cluster,
+            EventType::Warning,
+            "ServiceAccountReplaced",
+            message,
+        )
+        .await;
+    }
+    Ok(())
 }
 
 /// Who is primary after this reconcile, and what the status says of it.
