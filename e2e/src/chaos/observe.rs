@@ -51,7 +51,7 @@ impl Observer {
             writes: Vec::new(),
             census: invariants::census(&children),
             grace: Grace::default(),
-            memory_before: memory(workload).await?,
+            memory_before: memory_of_every_controller(workload).await?,
             last_sample: None,
             skipped_samples: 0,
         })
@@ -211,7 +211,7 @@ impl Observer {
                 .collect(),
         );
 
-        let memory_after = memory(workload).await?;
+        let memory_after = memory_of_every_controller(workload).await?;
         let mut grown = Vec::new();
         for (chart, before) in &self.memory_before {
             let after = memory_after.get(chart).copied().unwrap_or_default();
@@ -220,6 +220,9 @@ impl Observer {
                 before / 1048576.0,
                 after / 1048576.0
             );
+            if after <= 0.0 {
+                grown.push(format!("{chart}: no replica reported its RSS"));
+            }
             if after > before * MEMORY_FACTOR {
                 grown.push(format!(
                     "{chart}: {:.1} MiB after the churn, {:.1} MiB before",
@@ -477,6 +480,20 @@ async fn primaries(workload: &Workload) -> Result<Vec<String>> {
     } else {
         vec![]
     })
+}
+
+/// [`memory`], asked again for up to 30 s while a controller has no figure
+/// (its replicas restarting when asked).
+async fn memory_of_every_controller(workload: &Workload) -> Result<BTreeMap<&'static str, f64>> {
+    let mut memory_now = memory(workload).await?;
+    for _ in 0..10 {
+        if memory_now.values().all(|rss| *rss > 0.0) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+        memory_now = memory(workload).await?;
+    }
+    Ok(memory_now)
 }
 
 /// Each controller's largest resident memory among its replicas.
