@@ -24,6 +24,22 @@ pub const CHART: &str = "cairn-database-controller";
 pub const INSTANCE_IMAGE: &str = "ghcr.io/cairn-dev/postgres:15";
 pub const READY_TIMEOUT: Duration = Duration::from_secs(180);
 
+/// Waits until cluster `name` has `instances` ready instances and Ready=True.
+pub async fn until_ready(clusters: &Api<DatabaseCluster>, name: &str, instances: i32) -> Result {
+    wait::for_object(
+        clusters,
+        name,
+        &format!("{instances} ready instances, Ready=True"),
+        READY_TIMEOUT,
+        |c| {
+            c.status.as_ref().and_then(|s| s.ready_instances) == Some(instances)
+                && wait::condition_status(c, "Ready").as_deref() == Some("True")
+        },
+    )
+    .await?;
+    Ok(())
+}
+
 /// Pods of `ns` must pass the restricted Pod Security level.
 pub async fn enforce_restricted_pod_security(ns: &TestNamespace) -> Result {
     Api::<Namespace>::all(ns.client.clone())

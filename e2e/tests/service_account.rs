@@ -12,7 +12,7 @@ use std::time::Instant;
 use cairn_api::database::v1::DatabaseCluster;
 use cairn_e2e::real::{
     READY_TIMEOUT, cluster_spec, current_primary, enforce_restricted_pod_security,
-    install_controller,
+    install_controller, until_ready,
 };
 use cairn_testing::{Error, cluster, wait};
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
@@ -36,7 +36,7 @@ async fn instances_whose_service_account_was_replaced_are_restarted_replica_firs
             &DatabaseCluster::new(CLUSTER, cluster_spec(2)),
         )
         .await?;
-    until_ready(&clusters).await?;
+    until_ready(&clusters, CLUSTER, 2).await?;
     let primary = current_primary(&clusters, CLUSTER).await?;
     let pods = ns.api::<Pod>();
     let before = instance_uids(&pods).await?;
@@ -58,7 +58,7 @@ async fn instances_whose_service_account_was_replaced_are_restarted_replica_firs
         }
     })
     .await?;
-    until_ready(&clusters).await?;
+    until_ready(&clusters, CLUSTER, 2).await?;
     println!(
         "ServiceAccount deleted: both instances restarted and the cluster Ready {:.1} s later",
         deleted.elapsed().as_secs_f64()
@@ -112,19 +112,4 @@ async fn instance_uids(pods: &Api<Pod>) -> Result<BTreeMap<String, String>> {
         .filter(|p| p.metadata.deletion_timestamp.is_none())
         .filter_map(|p| Some((p.name_any(), p.uid()?)))
         .collect())
-}
-
-async fn until_ready(clusters: &Api<DatabaseCluster>) -> Result {
-    wait::for_object(
-        clusters,
-        CLUSTER,
-        "2 ready instances, Ready=True",
-        READY_TIMEOUT,
-        |c| {
-            c.status.as_ref().and_then(|s| s.ready_instances) == Some(2)
-                && wait::condition_status(c, "Ready").as_deref() == Some("True")
-        },
-    )
-    .await?;
-    Ok(())
 }

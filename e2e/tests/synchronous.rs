@@ -13,7 +13,7 @@ use cairn_e2e::real::{
     READY_TIMEOUT, as_superuser, cluster_spec, current_primary, enforce_restricted_pod_security,
     install_controller, node_of, other_real_node, psql, rows_present, start_client_on,
     start_writer, stop_writer, unix_now, until_acknowledged, until_acknowledged_after, until_psql,
-    writes,
+    until_ready, writes,
 };
 use cairn_testing::{Error, LocalCluster, TestNamespace, cluster, wait};
 use k8s_openapi::api::core::v1::Pod;
@@ -38,7 +38,7 @@ async fn with_synchronous_replication_a_failover_loses_no_acknowledged_row() -> 
     clusters
         .create(&PostParams::default(), &DatabaseCluster::new(CLUSTER, spec))
         .await?;
-    until_ready(&clusters).await?;
+    until_ready(&clusters, CLUSTER, 3).await?;
     let old_primary = current_primary(&clusters, CLUSTER).await?;
     let node = node_of(&ns, &old_primary).await?;
     let other_node = other_real_node(&ns, CLUSTER, &node).await?;
@@ -79,7 +79,7 @@ async fn with_synchronous_replication_a_failover_loses_no_acknowledged_row() -> 
     // Then the new primary crashes: SIGKILL of its cairn-instance and
     // postgres. Writes resume (on it, restarted in place, or on a replica
     // promoted if it stays down past the failover delay).
-    until_ready(&clusters).await?;
+    until_ready(&clusters, CLUSTER, 3).await?;
     until_acknowledged_after(&ns, 10).await?;
     let restarts = |pod: &Pod| {
         pod.status
@@ -159,7 +159,7 @@ async fn with_synchronous_replication_a_failover_loses_no_acknowledged_row() -> 
 
     // The old primary rejoins as a replica and holds exactly the new
     // primary's rows.
-    until_ready(&clusters).await?;
+    until_ready(&clusters, CLUSTER, 3).await?;
     let count = psql(&ns, RW, "SELECT count(*) FROM ticks").await?;
     let old_host = format!("{old_primary}.{CLUSTER}");
     until_psql(&ns, &old_host, "SELECT pg_is_in_recovery()", "t").await?;
@@ -193,19 +193,4 @@ async fn fail_over(
     // With one replica left streaming, commits are confirmed by it.
     until_acknowledged_after(ns, 20).await?;
     Ok(new_primary)
-}
-
-async fn until_ready(clusters: &Api<DatabaseCluster>) -> Result {
-    wait::for_object(
-        clusters,
-        CLUSTER,
-        "3 ready instances, Ready=True",
-        READY_TIMEOUT,
-        |c| {
-            c.status.as_ref().and_then(|s| s.ready_instances) == Some(3)
-                && wait::condition_status(c, "Ready").as_deref() == Some("True")
-        },
-    )
-    .await?;
-    Ok(())
 }
