@@ -340,24 +340,14 @@ async fn collect_leftovers(
     let pods: Vec<&Pod> = pods.iter().map(AsRef::as_ref).collect();
     let found = leftovers::leftovers(stateful_set, &pods, now);
     for pod in found.collect {
-        if !delete_pod(ctx, cluster, &pod.pod, Some(pod.uid.clone())).await? {
-            continue;
-        }
         let message = format!(
             "deleted pod {} of the replaced StatefulSet {} (the garbage collector left it for over {} s): the current StatefulSet recreates it",
             pod.pod,
             pod.owner_uid,
             leftovers::COLLECTOR_GRACE.as_secs()
         );
-        tracing::warn!(pod = %pod.pod, owner = %pod.owner_uid, "{message}");
-        publish(
-            ctx,
-            cluster,
-            EventType::Warning,
-            "LeftoverPodDeleted",
-            message,
-        )
-        .await;
+        let why = Deletion::warning("LeftoverPodDeleted", message);
+        delete_pod(ctx, cluster, &pod.pod, Some(pod.uid.clone()), why).await?;
     }
     Ok(found.recheck)
 }
@@ -381,21 +371,11 @@ async fn restart_void_tokens(
     let pods: Vec<&Pod> = pods.iter().map(AsRef::as_ref).collect();
     for pod in tokens::void_token_pods(&account, &pods, &primary(cluster)) {
         let name = pod.name_any();
-        if !delete_pod(ctx, cluster, &name, pod.uid()).await? {
-            continue;
-        }
         let message = format!(
             "deleted pod {name}: its token names ServiceAccount {account_name} as it was before it was deleted and created again, and the API server refuses it; the new pod gets a valid one"
         );
-        tracing::warn!(pod = %name, "{message}");
-        publish(
-            ctx,
-            cluster,
-            EventType::Warning,
-            "ServiceAccountReplaced",
-            message,
-        )
-        .await;
+        let why = Deletion::warning("ServiceAccountReplaced", message);
+        delete_pod(ctx, cluster, &name, pod.uid(), why).await?;
     }
     Ok(())
 }
@@ -890,23 +870,42 @@ async fn restart(
     let Some(pod) = pods.iter().find(|p| p.name_any() == name) else {
         return Ok(());
     };
-    if !delete_pod(ctx, cluster, name, pod.uid()).await? {
-        return Ok(());
+    let why = Deletion {
+        kind: EventType::Normal,
+        reason: "RestartingInstance",
+        message: format!("restarting {name} with the new pod template"),
+    };
+    delete_pod(ctx, cluster, name, pod.uid(), why).await
+}
+
+/// Why the controller deletes an instance pod: the Event it publishes, and
+/// logs at the Event's level, once the delete went through.
+struct Deletion {
+    kind: EventType,
+    reason: &'static str,
+    message: String,
+}
+
+impl Deletion {
+    fn warning(reason: &'static str, message: String) -> Self {
+        Self {
+            kind: EventType::Warning,
+            reason,
+            message,
+        }
     }
-    tracing::info!(pod = %name, "restarting an instance with the new pod template");
-    let note = format!("restarting {name} with the new pod template");
-    publish(ctx, cluster, EventType::Normal, "RestartingInstance", note).await;
-    Ok(())
 }
 
 /// Deletes an instance pod if it is still the one with `uid` (the one the
-/// decision saw); false if it is gone already or was replaced since.
+/// decision saw) and says `why`; nothing if it is gone already or was
+/// replaced since.
 async fn delete_pod(
     ctx: &Context,
     cluster: &DatabaseCluster,
     name: &str,
     uid: Option<String>,
-) -> Result<bool, Error> {
+    why: Deletion,
+) -> Result<(), Error> {
     let namespace = cluster.namespace().unwrap_or_default();
     let params = kube::api::DeleteParams {
         preconditions: Some(kube::api::Preconditions {
@@ -919,10 +918,16 @@ async fn delete_pod(
         .delete(name, &params)
         .await
     {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(false),
-        Err(e) => Err(e.into()),
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => return Ok(()),
+        Err(e) => return Err(e.into()),
     }
+    match why.kind {
+        EventType::Warning => tracing::warn!(pod = %name, "{}", why.message),
+        EventType::Normal => tracing::info!(pod = %name, "{}", why.message),
+    }
+    publish(ctx, cluster, why.kind, why.reason, why.message).await;
+    Ok(())
 }
 
 /// The pod running the primary: the one recorded in the status, or ordinal 0
