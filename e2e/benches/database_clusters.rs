@@ -55,6 +55,7 @@ async fn main() -> Result<(), Error> {
     // The process with its caches synced and no cluster yet.
     let empty_cached = cached_objects(&controller).await?;
     let empty_rss = settled_rss_kib(&controller).await;
+    let empty_split = rss_split(&controller);
 
     let clusters = namespace.api::<DatabaseCluster>();
     let busy = busy_processes(&controller);
@@ -150,6 +151,14 @@ async fn main() -> Result<(), Error> {
     println!(
         "| controller RSS, caches synced, no cluster ({empty_cached} objects cached) | {} |",
         mib(empty_rss)
+    );
+    println!(
+        "| of which anonymous (heap, stacks) / mapped from the binary and libraries | {} |",
+        empty_split.map_or("unknown".to_owned(), |(anon, file)| format!(
+            "{} / {}",
+            mib(Some(anon)),
+            mib(Some(file))
+        ))
     );
     println!(
         "| controller RSS after the idle minute ({full_cached} objects cached) | {} |",
@@ -362,6 +371,16 @@ async fn settled_rss_kib(controller: &ControllerProcess) -> Option<u64> {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     samples.last().copied()
+}
+
+/// The controller's RSS split into its anonymous pages (heap, stacks: what
+/// it allocated) and its file-backed ones (the executable's and libraries'
+/// pages it touched, shared with every process mapping the same files).
+fn rss_split(controller: &ControllerProcess) -> Option<(u64, u64)> {
+    Some((
+        rss_kib(controller, "RssAnon:")?,
+        rss_kib(controller, "RssFile:")?,
+    ))
 }
 
 /// The objects in the controller's caches, from its metrics.
