@@ -364,6 +364,28 @@ pub fn lost_rows(acknowledged: &[u64], present: &BTreeSet<u64>) -> Vec<u64> {
         .collect()
 }
 
+/// The longest stretch without an acknowledged insert, in seconds: from the
+/// start of a failed attempt to the end of the next acknowledged one (or the
+/// last attempt). `attempts` are `(acknowledged, started, ended)` in order.
+pub fn longest_write_outage(attempts: &[(bool, f64, f64)]) -> f64 {
+    let mut longest: f64 = 0.0;
+    let mut failing_since = None;
+    for &(acknowledged, started, ended) in attempts {
+        match (acknowledged, failing_since) {
+            (false, None) => failing_since = Some(started),
+            (true, Some(since)) => {
+                longest = longest.max(ended - since);
+                failing_since = None;
+            }
+            _ => {}
+        }
+    }
+    if let (Some(since), Some(&(_, _, last))) = (failing_since, attempts.last()) {
+        longest = longest.max(last - since);
+    }
+    longest
+}
+
 /// Objects a controller wrote more than `limit` times within any
 /// `window_seconds`, with the writes' times as RFC 3339 strings.
 pub fn objects_written_too_often(
@@ -595,6 +617,22 @@ mod tests {
         assert_eq!(objects_with_several_externals(&externals, &live).len(), 1);
         assert_eq!(externals_without_live_owner(&externals, &live).len(), 2);
         assert!(objects_with_several_externals(&externals[..1], &live).is_empty());
+    }
+
+    #[test]
+    fn the_longest_write_outage_runs_from_the_first_failure_to_the_next_acknowledgement() {
+        let attempts = [
+            (true, 0.0, 0.1),
+            (false, 1.0, 4.0),
+            (false, 4.1, 7.1),
+            (true, 7.2, 7.3),
+            (false, 8.0, 8.5),
+            (true, 8.6, 8.7),
+        ];
+        assert!((longest_write_outage(&attempts) - 6.3).abs() < 1e-9);
+        // Still failing at the end: up to the last attempt.
+        assert!((longest_write_outage(&attempts[..3]) - 6.1).abs() < 1e-9);
+        assert_eq!(longest_write_outage(&attempts[..1]), 0.0);
     }
 
     #[test]
