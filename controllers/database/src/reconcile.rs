@@ -15,7 +15,7 @@ use cairn_api::database::v1::{
 use cairn_api::validate;
 use cairn_runtime::apply::Applier;
 use cairn_runtime::certs::{self, Authority};
-use cairn_runtime::conditions::Time;
+use cairn_runtime::conditions::{Condition, Time};
 use cairn_runtime::events;
 use cairn_runtime::manager::Recheck;
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -1279,7 +1279,7 @@ async fn write_status(
 fn transition_events(
     previous: Option<&DatabaseClusterStatus>,
     status: &DatabaseClusterStatus,
-) -> Vec<kube::runtime::events::Event> {
+) -> Vec<Event> {
     let changed = |type_: &str| {
         let current = status::condition(Some(status), type_)?;
         let before = status::condition(previous, type_);
@@ -1290,20 +1290,34 @@ fn transition_events(
         events::on_transition(before, current).map(|event| (current, event))
     };
     let ready = changed(READY);
-    // Progress that ended as the cluster became Ready (or stopped being
-    // Ready) is the same transition, announced once, by Ready.
-    let progressing = changed(PROGRESSING)
-        .filter(|(current, _)| ready.is_none() || current.reason != status::reason::CONVERGED);
-    [
+    // When Ready changes, its Event announces the transition: Progressing
+    // and Degraded returning to False (progress ended, health back) are part
+    // of it. A condition turning for the reason, or with the message, of one
+    // announced already is the same news.
+    let ready_changed = ready.is_some();
+    let part_of_ready = |current: &Condition| {
+        ready_changed
+            && [PROGRESSING, DEGRADED].contains(&current.type_.as_str())
+            && current.status == "False"
+    };
+    let mut announced: Vec<Event> = Vec::new();
+    for (current, event) in [
         ready,
-        progressing,
+        changed(PROGRESSING),
         changed(DEGRADED),
         changed(CONTINUOUS_ARCHIVING),
     ]
     .into_iter()
     .flatten()
-    .map(|(_, event)| event)
-    .collect()
+    {
+        let same_news = announced
+            .iter()
+            .any(|e| e.reason == event.reason || (e.note.is_some() && e.note == event.note));
+        if !part_of_ready(current) && !same_news {
+            announced.push(event);
+        }
+    }
+    announced
 }
 
 #[cfg(test)]
@@ -1361,6 +1375,50 @@ mod tests {
         assert_eq!(events.len(), 1);
         assert_eq!(events[0].reason, CONVERGED);
         assert_eq!(events[0].type_, EventType::Normal);
+    }
+
+    #[test]
+    fn a_transition_of_several_conditions_is_one_event_per_news() {
+        use status::reason::{
+            ALL_INSTANCES_READY, CONVERGED, FAILOVER_BLOCKED, HEALTHY, INSTANCES_NOT_READY,
+            INSTANCES_UNAVAILABLE, SCALING,
+        };
+        let ready = with_conditions(&[
+            (READY, true, ALL_INSTANCES_READY),
+            (PROGRESSING, false, CONVERGED),
+            (DEGRADED, false, HEALTHY),
+        ]);
+        // The primary lost with no replica: three conditions, one reason.
+        let blocked = with_conditions(&[
+            (READY, false, FAILOVER_BLOCKED),
+            (PROGRESSING, false, FAILOVER_BLOCKED),
+            (DEGRADED, true, FAILOVER_BLOCKED),
+        ]);
+        let events = transition_events(Some(&ready), &blocked);
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].reason, FAILOVER_BLOCKED);
+        assert_eq!(events[0].type_, EventType::Warning);
+
+        // Then both instances are recreated: Ready says why it is not, the
+        // new progress is news, Degraded going back to False is not.
+        let scaling = with_conditions(&[
+            (READY, false, INSTANCES_NOT_READY),
+            (PROGRESSING, true, SCALING),
+            (DEGRADED, false, HEALTHY),
+        ]);
+        let events = transition_events(Some(&blocked), &scaling);
+        let reasons: Vec<&str> = events.iter().map(|e| e.reason.as_str()).collect();
+        assert_eq!(reasons, [INSTANCES_NOT_READY, SCALING]);
+
+        // Health back while Ready stays as it was is news of its own.
+        let degraded = with_conditions(&[
+            (READY, true, ALL_INSTANCES_READY),
+            (PROGRESSING, false, CONVERGED),
+            (DEGRADED, true, INSTANCES_UNAVAILABLE),
+        ]);
+        let events = transition_events(Some(&degraded), &ready);
+        let reasons: Vec<&str> = events.iter().map(|e| e.reason.as_str()).collect();
+        assert_eq!(reasons, [HEALTHY]);
     }
 
     #[test]
