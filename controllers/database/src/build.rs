@@ -442,6 +442,10 @@ pub fn stateful_set(
         metadata: metadata(cluster, &names.cluster, "database"),
         spec: Some(StatefulSetSpec {
             replicas: Some(kept_instances(cluster)),
+            // All at once: with OrderedReady a replica that cannot be Ready
+            // without its primary (ordinal 1 after a failover) keeps the
+            // StatefulSet from ever creating that primary again.
+            pod_management_policy: Some(POD_MANAGEMENT_POLICY.to_owned()),
             service_name: Some(names.cluster.clone()),
             // The controller restarts the pods for a new template (see
             // `rollout.rs`): replicas first, the primary after a switchover.
@@ -490,6 +494,21 @@ fn pod_template_annotations(cluster: &DatabaseCluster) -> BTreeMap<String, Strin
         annotations.insert(RESTARTED_AT_ANNOTATION.to_owned(), at.clone());
     }
     annotations
+}
+
+/// How the instances' StatefulSet creates and deletes pods.
+pub const POD_MANAGEMENT_POLICY: &str = "Parallel";
+
+/// An existing StatefulSet whose pod management policy (immutable) is not
+/// [`POD_MANAGEMENT_POLICY`]: one made before it was; it is replaced, its
+/// pods kept.
+pub fn needs_replacing(stateful_set: &StatefulSet) -> bool {
+    let policy = stateful_set
+        .spec
+        .as_ref()
+        .and_then(|s| s.pod_management_policy.as_deref())
+        .unwrap_or("OrderedReady");
+    policy != POD_MANAGEMENT_POLICY
 }
 
 /// The claim templates of an existing StatefulSet.
@@ -725,6 +744,28 @@ mod tests {
 
     fn cluster(parameters: &[(&str, &str)]) -> DatabaseCluster {
         crate::fixtures::cluster(3, parameters)
+    }
+
+    #[test]
+    fn instances_are_created_all_at_once_and_an_ordered_stateful_set_is_replaced() {
+        let built = stateful_set(&cluster(&[]), None);
+        let policy = built
+            .spec
+            .as_ref()
+            .and_then(|s| s.pod_management_policy.as_deref());
+        assert_eq!(policy, Some("Parallel"));
+        assert!(!needs_replacing(&built));
+
+        let with_policy = |policy: Option<&str>| {
+            let mut made = built.clone();
+            if let Some(spec) = made.spec.as_mut() {
+                spec.pod_management_policy = policy.map(str::to_owned);
+            }
+            made
+        };
+        assert!(needs_replacing(&with_policy(Some("OrderedReady"))));
+        // The API server's default when none was set.
+        assert!(needs_replacing(&with_policy(None)));
     }
 
     #[test]

@@ -989,11 +989,46 @@ async fn apply_children(ctx: &Context, cluster: &DatabaseCluster) -> Result<Stat
         apply_child(ctx, cluster, &caches.leases, lease).await?;
     }
     let existing = cached_stateful_set(ctx, cluster);
+    if let Some(old) = existing.as_deref().filter(|s| build::needs_replacing(s)) {
+        // Its deletion wakes the next reconcile, which creates the new one.
+        orphan_stateful_set(ctx, old).await?;
+        return Ok(old.clone());
+    }
     let desired = build::stateful_set(
         cluster,
         existing.as_deref().and_then(build::claim_templates),
     );
     apply_child(ctx, cluster, &caches.stateful_sets, desired).await
+}
+
+/// Deletes a StatefulSet whose immutable fields must change, leaving its
+/// pods running: the garbage collector removes their owner reference and
+/// the new StatefulSet adopts them.
+async fn orphan_stateful_set(ctx: &Context, old: &StatefulSet) -> Result<(), Error> {
+    if old.metadata.deletion_timestamp.is_some() {
+        return Ok(());
+    }
+    let name = old.name_any();
+    let params = kube::api::DeleteParams {
+        propagation_policy: Some(kube::api::PropagationPolicy::Orphan),
+        preconditions: Some(kube::api::Preconditions {
+            uid: old.uid(),
+            resource_version: None,
+        }),
+        ..kube::api::DeleteParams::default()
+    };
+    let namespace = old.namespace().unwrap_or_default();
+    match Api::<StatefulSet>::namespaced(ctx.client.clone(), &namespace)
+        .delete(&name, &params)
+        .await
+    {
+        Ok(_) => {
+            tracing::info!(stateful_set = %name, "replacing the StatefulSet for its pod management policy; its pods keep running");
+            Ok(())
+        }
+        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Grows each instance's claim to `spec.storage.size` (claims only grow; the
