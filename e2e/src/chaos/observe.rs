@@ -206,20 +206,27 @@ impl Observer {
         // Not an invariant: strict synchronous replication refuses to
         // acknowledge while no standby streams, which chaos causes at will.
         eprintln!("chaos: longest stretch without an acknowledged write: {outage:.1} s");
-        let present = rows_present(real, REAL_CLUSTER_RW).await?;
-        let lost = invariants::lost_rows(&acknowledged, &present);
-        eprintln!(
-            "chaos: {} writes acknowledged, {} rows present, {} lost",
-            acknowledged.len(),
-            present.len(),
-            lost.len()
-        );
-        tally.record(
-            Invariant::NoAcknowledgedRowLost,
-            lost.iter()
-                .map(|id| format!("acknowledged row {id} is missing"))
-                .collect(),
-        );
+        // A database that never came back is a violation with its evidence,
+        // and the checks after this one still run.
+        let lost = match rows_present(real, REAL_CLUSTER_RW).await {
+            Ok(present) => {
+                let lost = invariants::lost_rows(&acknowledged, &present);
+                eprintln!(
+                    "chaos: {} writes acknowledged, {} rows present, {} lost",
+                    acknowledged.len(),
+                    present.len(),
+                    lost.len()
+                );
+                lost.iter()
+                    .map(|id| format!("acknowledged row {id} is missing"))
+                    .collect()
+            }
+            Err(e) => vec![format!(
+                "{} acknowledged writes, and the table cannot be read: {e}",
+                acknowledged.len()
+            )],
+        };
+        tally.record(Invariant::NoAcknowledgedRowLost, lost);
 
         let memory_after = memory_of_every_controller(workload).await?;
         let mut grown = Vec::new();
