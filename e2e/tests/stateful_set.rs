@@ -1,24 +1,26 @@
-//! A cluster's StatefulSet deleted after a switchover, on the real nodes,
-//! with the controller installed by its chart (found by the chaos run). The
-//! garbage collector deletes both instances; the controller creates the
-//! StatefulSet again. Its primary is now ordinal 1: with OrderedReady pod
-//! management the StatefulSet would create ordinal 0 alone and wait for it
-//! to be Ready, which a replica without its primary never is, so the primary
-//! would never come back. The instances start all at once instead, the
-//! primary stays the primary, and no committed row is lost.
+//! A cluster's StatefulSet deleted after a failover, on the real nodes, with
+//! the controller installed by its chart (found by the chaos run). The
+//! primary's node stops and the replica at ordinal 1 is promoted; then the
+//! StatefulSet is deleted, the garbage collector deletes both instances, the
+//! node comes back and the controller creates the StatefulSet again. With
+//! OrderedReady pod management it would create ordinal 0 alone and wait for
+//! it to be Ready, which the old primary never is: it must ask the new
+//! primary, never created, whether to rewind. The instances start all at
+//! once instead, the new primary stays the primary, the old one rejoins,
+//! and no committed row is lost.
 
 use std::time::Instant;
 
 use cairn_api::database::v1::DatabaseCluster;
 use cairn_e2e::real::{
     READY_TIMEOUT, cluster_spec, current_primary, enforce_restricted_pod_security,
-    install_controller, psql, start_client, switch_over, until_psql, until_ready,
+    install_controller, node_of, other_real_node, psql, start_client_on, until_psql, until_ready,
 };
-use cairn_testing::{Error, cluster, wait};
+use cairn_testing::{Error, LocalCluster, TestNamespace, cluster, wait};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
-use kube::ResourceExt;
 use kube::api::{DeleteParams, PostParams};
+use kube::{Api, ResourceExt};
 
 type Result<T = ()> = std::result::Result<T, Error>;
 
@@ -26,7 +28,7 @@ const CLUSTER: &str = "orders";
 const RW: &str = "orders-rw";
 
 #[tokio::test]
-async fn a_stateful_set_deleted_after_a_switchover_brings_its_primary_back() -> Result {
+async fn a_stateful_set_deleted_after_a_failover_brings_both_instances_back() -> Result {
     let ns = cluster().namespace_on_real_nodes("statefulset").await?;
     enforce_restricted_pod_security(&ns).await?;
     install_controller(&ns).await?;
@@ -38,10 +40,15 @@ async fn a_stateful_set_deleted_after_a_switchover_brings_its_primary_back() -> 
         )
         .await?;
     until_ready(&clusters, CLUSTER, 2).await?;
-    let primary = format!("{CLUSTER}-1");
-    switch_over(&ns, CLUSTER, &primary).await?;
-    until_ready(&clusters, CLUSTER, 2).await?;
-    start_client(&ns, CLUSTER).await?;
+    let old_primary = current_primary(&clusters, CLUSTER).await?;
+    assert_eq!(
+        old_primary,
+        format!("{CLUSTER}-0"),
+        "a new cluster's primary"
+    );
+    let node = node_of(&ns, &old_primary).await?;
+    let other_node = other_real_node(&ns, CLUSTER, &node).await?;
+    start_client_on(&ns, CLUSTER, Some(&other_node)).await?;
     psql(
         &ns,
         RW,
@@ -49,17 +56,20 @@ async fn a_stateful_set_deleted_after_a_switchover_brings_its_primary_back() -> 
     )
     .await?;
 
-    let stateful_sets = ns.api::<StatefulSet>();
-    let old_uid = stateful_sets.get(CLUSTER).await?.uid();
-    stateful_sets
-        .delete(CLUSTER, &DeleteParams::background())
-        .await?;
-    let deleted = Instant::now();
-    // Both instances go with their StatefulSet (the garbage collector) and
-    // come back with the new one (the status may lag behind the pods).
+    let number = LocalCluster::real_node_number(&node)
+        .ok_or_else(|| Error::Setup(format!("{old_primary} is on {node}, not a real node")))?;
+    cluster().stop_node(number)?;
+    let result = fail_over_and_delete_the_stateful_set(&ns, &clusters, &old_primary).await;
+    // The node runs again whatever happened, for the suites after this one.
+    cluster().start_node(number)?;
+    let (new_primary, old_uid) = result?;
+    let restarted = Instant::now();
+
+    // Both instances go with their StatefulSet (the garbage collector; the
+    // old primary's once its node runs) and come back with the new one.
     let pods = ns.api::<Pod>();
     wait::until("both instances back and Ready", READY_TIMEOUT, || async {
-        for name in [format!("{CLUSTER}-0"), primary.clone()] {
+        for name in [old_primary.clone(), new_primary.clone()] {
             let pod = pods.get_opt(&name).await.map_err(|e| e.to_string())?;
             let Some(pod) = pod else {
                 return Err(format!("no pod {name}"));
@@ -81,23 +91,41 @@ async fn a_stateful_set_deleted_after_a_switchover_brings_its_primary_back() -> 
     .await?;
     until_ready(&clusters, CLUSTER, 2).await?;
     println!(
-        "StatefulSet deleted: both instances back and the cluster Ready {:.1} s later",
-        deleted.elapsed().as_secs_f64()
-    );
-    let recreated = stateful_sets.get(CLUSTER).await?;
-    assert_ne!(recreated.uid(), old_uid, "a new StatefulSet");
-    assert_eq!(
-        recreated
-            .spec
-            .and_then(|s| s.pod_management_policy)
-            .as_deref(),
-        Some("Parallel")
+        "StatefulSet deleted after a failover: both instances back and the cluster Ready {:.1} s after the node returned",
+        restarted.elapsed().as_secs_f64()
     );
     assert_eq!(
         current_primary(&clusters, CLUSTER).await?,
-        primary,
-        "the primary came back as the primary, no failover"
+        new_primary,
+        "the new primary stays the primary"
     );
     until_psql(&ns, RW, "SELECT v FROM kept", "42").await?;
     Ok(())
+}
+
+/// Waits for the replica's promotion, then deletes the StatefulSet; the
+/// new primary and the deleted StatefulSet's uid.
+async fn fail_over_and_delete_the_stateful_set(
+    ns: &TestNamespace,
+    clusters: &Api<DatabaseCluster>,
+    old_primary: &str,
+) -> Result<(String, Option<String>)> {
+    let promoted = wait::for_object(clusters, CLUSTER, "another primary", READY_TIMEOUT, |c| {
+        c.status
+            .as_ref()
+            .and_then(|s| s.current_primary.as_deref())
+            .is_some_and(|p| p != old_primary)
+    })
+    .await?;
+    let new_primary = promoted
+        .status
+        .and_then(|s| s.current_primary)
+        .unwrap_or_default();
+    until_psql(ns, RW, "SELECT pg_is_in_recovery()", "f").await?;
+    let stateful_sets = ns.api::<StatefulSet>();
+    let old_uid = stateful_sets.get(CLUSTER).await?.uid();
+    stateful_sets
+        .delete(CLUSTER, &DeleteParams::background())
+        .await?;
+    Ok((new_primary, old_uid))
 }
