@@ -1325,15 +1325,19 @@ fn transition_events(
         events::on_transition(before, current).map(|event| (current, event))
     };
     let ready = changed(READY);
-    // When Ready changes, its Event announces the transition: Progressing
-    // and Degraded returning to False (progress ended, health back) are part
-    // of it. A condition turning for the reason, or with the message, of one
-    // announced already is the same news.
+    // When Ready changes, its Event announces the transition: progress that
+    // converged and health that came back are part of it (progress that
+    // ended otherwise, `SwitchoverRefused`, is not). A condition turning for
+    // the reason, or with the message, of one announced already is the same
+    // news.
     let ready_changed = ready.is_some();
     let part_of_ready = |current: &Condition| {
-        ready_changed
-            && [PROGRESSING, DEGRADED].contains(&current.type_.as_str())
-            && current.status == "False"
+        let back_to_normal = match current.type_.as_str() {
+            PROGRESSING => current.status == "False" && current.reason == status::reason::CONVERGED,
+            DEGRADED => current.status == "False",
+            _ => false,
+        };
+        ready_changed && back_to_normal
     };
     let mut announced: Vec<Event> = Vec::new();
     for (current, event) in [
@@ -1416,7 +1420,7 @@ mod tests {
     fn a_transition_of_several_conditions_is_one_event_per_news() {
         use status::reason::{
             ALL_INSTANCES_READY, CONVERGED, FAILOVER_BLOCKED, HEALTHY, INSTANCES_NOT_READY,
-            INSTANCES_UNAVAILABLE, SCALING,
+            INSTANCES_UNAVAILABLE, SCALING, SWITCHOVER_REFUSED,
         };
         let ready = with_conditions(&[
             (READY, true, ALL_INSTANCES_READY),
@@ -1444,6 +1448,16 @@ mod tests {
         let events = transition_events(Some(&blocked), &scaling);
         let reasons: Vec<&str> = events.iter().map(|e| e.reason.as_str()).collect();
         assert_eq!(reasons, [INSTANCES_NOT_READY, SCALING]);
+
+        // Progress that ended otherwise than converged is news of its own.
+        let refused = with_conditions(&[
+            (READY, true, ALL_INSTANCES_READY),
+            (PROGRESSING, false, SWITCHOVER_REFUSED),
+            (DEGRADED, false, HEALTHY),
+        ]);
+        let events = transition_events(Some(&blocked), &refused);
+        let reasons: Vec<&str> = events.iter().map(|e| e.reason.as_str()).collect();
+        assert_eq!(reasons, [ALL_INSTANCES_READY, SWITCHOVER_REFUSED]);
 
         // Health back while Ready stays as it was is news of its own.
         let degraded = with_conditions(&[
