@@ -279,10 +279,17 @@ impl Observer {
             .iter()
             .map(|c| c.identity.lease_name.as_str())
             .collect();
+        // The workload's writes only: the controllers watch every namespace,
+        // and another suite's leftovers (a namespace still terminating) are
+        // not this run's to judge.
+        let namespaces = [workload.real.name.as_str(), workload.kwok.name.as_str()];
         let mut idle = Tail::from_now(&cluster().audit_log())?;
         let unwanted = idle
             .unwanted_within(Duration::from_secs(60), |w| {
                 users.contains(&w.user)
+                    && w.namespace
+                        .as_deref()
+                        .is_none_or(|n| namespaces.contains(&n))
                     && !(w.resource == "leases"
                         && w.name.as_deref().is_some_and(|n| leases.contains(n)))
             })
