@@ -1416,6 +1416,14 @@ mod tests {
         assert_eq!(events[0].type_, EventType::Normal);
     }
 
+    /// The reasons of the Events announcing `previous` → `status`.
+    fn reasons(previous: &DatabaseClusterStatus, status: &DatabaseClusterStatus) -> Vec<String> {
+        transition_events(Some(previous), status)
+            .into_iter()
+            .map(|e| e.reason)
+            .collect()
+    }
+
     #[test]
     fn a_transition_of_several_conditions_is_one_event_per_news() {
         use status::reason::{
@@ -1445,9 +1453,7 @@ mod tests {
             (PROGRESSING, true, SCALING),
             (DEGRADED, false, HEALTHY),
         ]);
-        let events = transition_events(Some(&blocked), &scaling);
-        let reasons: Vec<&str> = events.iter().map(|e| e.reason.as_str()).collect();
-        assert_eq!(reasons, [INSTANCES_NOT_READY, SCALING]);
+        assert_eq!(reasons(&blocked, &scaling), [INSTANCES_NOT_READY, SCALING]);
 
         // Progress that ended otherwise than converged is news of its own.
         let refused = with_conditions(&[
@@ -1455,9 +1461,10 @@ mod tests {
             (PROGRESSING, false, SWITCHOVER_REFUSED),
             (DEGRADED, false, HEALTHY),
         ]);
-        let events = transition_events(Some(&blocked), &refused);
-        let reasons: Vec<&str> = events.iter().map(|e| e.reason.as_str()).collect();
-        assert_eq!(reasons, [ALL_INSTANCES_READY, SWITCHOVER_REFUSED]);
+        assert_eq!(
+            reasons(&blocked, &refused),
+            [ALL_INSTANCES_READY, SWITCHOVER_REFUSED]
+        );
 
         // Health back while Ready stays as it was is news of its own.
         let degraded = with_conditions(&[
@@ -1465,9 +1472,7 @@ mod tests {
             (PROGRESSING, false, CONVERGED),
             (DEGRADED, true, INSTANCES_UNAVAILABLE),
         ]);
-        let events = transition_events(Some(&degraded), &ready);
-        let reasons: Vec<&str> = events.iter().map(|e| e.reason.as_str()).collect();
-        assert_eq!(reasons, [HEALTHY]);
+        assert_eq!(reasons(&degraded, &ready), [HEALTHY]);
     }
 
     #[test]
