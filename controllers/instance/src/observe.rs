@@ -42,6 +42,11 @@ impl FromStr for Role {
 pub struct Sample {
     pub in_recovery: bool,
     pub server_version: String,
+    /// A replica's: the timeline it receives, or, with no WAL receiver (its
+    /// primary restarting), the latest of its WAL files up to its replay
+    /// position. The last restartpoint's timeline alone can be one behind
+    /// after a switchover, which would read as a history forked off the
+    /// primary's and clone the replica again for nothing.
     pub timeline: Option<u32>,
     /// `X/Y`: current (primary) or last replayed (replica).
     pub wal_position: Option<String>,
@@ -68,6 +73,8 @@ const SAMPLE: &str = "
 WITH position AS (
     SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
                 ELSE pg_current_wal_lsn() END AS lsn
+), segment AS (
+    SELECT setting::numeric AS size FROM pg_settings WHERE name = 'wal_segment_size'
 ), sessions AS (
     SELECT coalesce(state, 'unknown') AS state, count(*) AS n
     FROM pg_stat_activity WHERE backend_type = 'client backend' GROUP BY 1
@@ -76,7 +83,14 @@ SELECT pg_is_in_recovery(),
        current_setting('server_version'),
        CASE WHEN pg_is_in_recovery()
             THEN coalesce((SELECT received_tli FROM pg_stat_wal_receiver),
-                          (SELECT timeline_id FROM pg_control_checkpoint()))
+                          greatest((SELECT timeline_id FROM pg_control_checkpoint()),
+                                   (SELECT max(('x' || substr(name, 1, 8))::bit(32)::int)
+                                    FROM pg_ls_waldir(), segment
+                                    WHERE name ~ '^[0-9A-F]{24}$'
+                                      AND ('x' || substr(name, 9, 8))::bit(32)::bigint
+                                          * (4294967296 / segment.size)
+                                          + ('x' || substr(name, 17, 8))::bit(32)::bigint
+                                          <= floor((lsn - '0/0') / segment.size))))
             ELSE (SELECT timeline_id FROM pg_control_checkpoint()) END,
        lsn::text,
        (lsn - '0/0')::bigint,

@@ -618,6 +618,91 @@ async fn a_replica_promoted_beside_another_is_cloned_again_to_follow_it() -> Res
     fixture.passed()
 }
 
+/// A replica that follows a promoted primary keeps its folder while that
+/// primary restarts. With no WAL receiver it still reads its timeline as
+/// the new one (its last restartpoint is on the old one), so its history
+/// does not look forked, and it waits for its receiver to reconnect rather
+/// than being cloned again.
+#[tokio::test]
+async fn a_replica_on_the_new_timeline_waits_out_its_primary_restarting() -> Result {
+    let mut fixture = Fixture::new("primary-restart", &[])?;
+    let mut first = fixture.start(&fixture.instance("orders-0", "primary")?)?;
+    first.wait_ready(Duration::from_secs(60)).await?;
+    first
+        .app()
+        .await?
+        .batch_execute("CREATE TABLE orders (id int PRIMARY KEY); INSERT INTO orders VALUES (1)")
+        .await?;
+    let promoted_spec = fixture.instance("orders-1", "replica")?.following(&first);
+    let follower_spec = fixture.instance("orders-2", "replica")?.following(&first);
+    let promoted = fixture.start(&promoted_spec)?;
+    let mut follower = fixture.start(&follower_spec)?;
+    promoted.wait_ready(Duration::from_secs(60)).await?;
+    follower.wait_ready(Duration::from_secs(60)).await?;
+
+    // orders-0 is lost; orders-1 is promoted and orders-2 follows it onto
+    // timeline 2, past the switch.
+    first.terminate(Duration::from_secs(60)).await?;
+    follower.terminate(Duration::from_secs(60)).await?;
+    fixture.assign(&promoted_spec, "primary")?;
+    promoted
+        .wait_status("promoted", Duration::from_secs(30), |s| {
+            s["ready"] == true && s["role"] == "primary" && s["timeline"] == 2
+        })
+        .await?;
+    let follower_spec = follower_spec.following(&promoted);
+    let follower = fixture.start(&follower_spec)?;
+    promoted
+        .app()
+        .await?
+        .execute("INSERT INTO orders VALUES (2)", &[])
+        .await?;
+    follower
+        .wait_status("streaming timeline 2", Duration::from_secs(60), |s| {
+            s["ready"] == true && s["streaming"] == true && s["timeline"] == 2
+        })
+        .await?;
+
+    // The primary restarts, down for longer than a replica may be silent.
+    let mut promoted = promoted;
+    promoted.terminate(Duration::from_secs(60)).await?;
+    follower
+        .wait_status("not streaming", Duration::from_secs(30), |s| {
+            s["streaming"] == false
+        })
+        .await?;
+    assert_eq!(
+        follower.status().await?["timeline"],
+        2,
+        "with no WAL receiver, the replica still reads its replay timeline"
+    );
+    tokio::time::sleep(STUCK_AFTER + Duration::from_secs(1)).await;
+    let promoted = fixture.start(&promoted_spec)?;
+    promoted.wait_ready(Duration::from_secs(60)).await?;
+    follower
+        .wait_status("streaming again", Duration::from_secs(60), |s| {
+            s["ready"] == true && s["streaming"] == true && s["timeline"] == 2
+        })
+        .await?;
+    let log = follower.log_text();
+    assert!(!log.contains("forked off"), "{log}");
+    assert!(!log.contains("cloning the replica again"), "{log}");
+    let ids: Vec<i32> = follower
+        .app()
+        .await?
+        .query("SELECT id FROM orders ORDER BY id", &[])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(ids, [1, 2]);
+    fixture.passed()
+}
+
+/// How long a replica may go without streaming before it is judged stuck
+/// (the supervisor's `STUCK_AFTER`).
+const STUCK_AFTER: Duration = Duration::from_secs(10);
+
 /// A rotated Secret: the primary sets the new passwords on its roles (the
 /// old application password stops working), and the replica, once its
 /// connection drops, streams again with the new replication password.

@@ -484,6 +484,7 @@ impl Supervisor {
         let (mut next_load, mut load_failures) = (Instant::now(), 0);
         let mut promoted = false;
         let mut last_streaming: Option<Instant> = None;
+        let mut primary_answering_since: Option<Instant> = None;
         let started = Instant::now();
         let mut pending_logged: Vec<String> = Vec::new();
         let mut leaving_slots = LeavingSlots::default();
@@ -614,9 +615,13 @@ impl Supervisor {
                     self.forget_previous_folder();
                 }
                 last_streaming = Some(Instant::now());
+                primary_answering_since = None;
             } else if assigned == Role::Replica && tick.is_multiple_of(5) {
                 let silent_for = last_streaming.unwrap_or(started).elapsed();
-                match self.stuck(&sample, silent_for).await {
+                match self
+                    .stuck(&sample, silent_for, &mut primary_answering_since)
+                    .await
+                {
                     Some(Stuck::Reclone(reason)) => {
                         return Restart {
                             reclone: Some(reason.clone()),

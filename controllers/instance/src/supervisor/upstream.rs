@@ -155,13 +155,17 @@ impl Supervisor {
     }
 
     /// Why this replica, not streaming, must restart, if it must: its slot
-    /// was invalidated, or (after `STUCK_AFTER`, the primary answering) its
-    /// history forked off the primary's, or its WAL receiver is stuck.
-    /// Creates a missing slot meanwhile.
+    /// was invalidated, or (silent for `STUCK_AFTER` while the primary has
+    /// answered for as long) its history forked off the primary's, or its
+    /// WAL receiver is stuck. Creates a missing slot meanwhile.
+    /// `answering_since` is when the primary began answering these checks
+    /// without a break: a primary back from a restart gets the WAL
+    /// receiver's retry interval to reconnect before anything is decided.
     pub(super) async fn stuck(
         &self,
         sample: &observe::Sample,
         silent_for: Duration,
+        answering_since: &mut Option<Instant>,
     ) -> Option<Stuck> {
         match self.check_slot().await {
             Ok(Slot::Lost) => {
@@ -172,13 +176,18 @@ impl Supervisor {
                 ));
             }
             Ok(Slot::Kept) => {}
-            Ok(Slot::NotYet) => return None,
+            Ok(Slot::NotYet) => {
+                *answering_since = None;
+                return None;
+            }
             Err(message) => {
                 tracing::debug!(%message, "cannot check the replication slot");
+                *answering_since = None;
                 return None;
             }
         }
-        if silent_for < STUCK_AFTER {
+        let answering_for = answering_since.get_or_insert_with(Instant::now).elapsed();
+        if silent_for < STUCK_AFTER || answering_for < STUCK_AFTER {
             return None;
         }
         let timeline = sample.timeline?;
@@ -293,8 +302,8 @@ pub(super) const PRIMARY_TIMEOUT: Duration = Duration::from_secs(3);
 /// primary); a source that stops answering must not hold up the retry.
 pub(super) const REWIND_CHECK_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// A replica that has not streamed for this long while the primary answers
-/// is stuck: its history forked off the primary's (it is cloned again), or
+/// A replica that has not streamed for this long while the primary has
+/// answered for as long is stuck: its history forked off the primary's (it is cloned again), or
 /// its WAL receiver hangs on a connection to a frozen former primary, which
 /// no PostgreSQL timeout ends while it is still connecting (postgres is
 /// restarted, and the receiver connects through `-rw` again).
