@@ -220,6 +220,10 @@ async fn every_dashboard_panel_and_alert_answers_from_a_real_prometheus() -> Res
     alerts_parse_and_name_scraped_metrics(&prometheus, &scraped).await?;
     schedule_labels(&prometheus, &ns.name).await?;
     eprintln!("done in {:.0} s", started.elapsed().as_secs_f64());
+    // The cloud controller runs in this namespace: its finalizers are done
+    // before the namespace goes, or it would stay Terminating.
+    wait::for_all_deleted(&ns.api::<ObjectBucket>(), Duration::from_secs(120)).await?;
+    wait::for_all_deleted(&ns.api::<ProviderConfig>(), Duration::from_secs(60)).await?;
     Ok(())
 }
 

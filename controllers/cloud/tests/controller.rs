@@ -238,7 +238,7 @@ async fn object_buckets_follow_their_policies() -> Result {
         Some("ProviderConfigUnusable"),
     )
     .await?;
-    Ok(())
+    support::tear_down(&namespace).await
 }
 
 /// A ProviderConfig says whether its credentials work (an STS identity call
@@ -313,7 +313,7 @@ async fn provider_configs_check_credentials_and_outlive_their_users() -> Result 
         released.finalizers().is_empty(),
         "the credentials are still held"
     );
-    Ok(())
+    support::tear_down(&namespace).await
 }
 
 async fn until_config(
@@ -419,7 +419,7 @@ async fn at_steady_state_it_writes_nothing_and_only_observes() -> Result {
         "{heads} HeadBucket calls for {BUCKETS} buckets polled every 10 s in {}s",
         WINDOW.as_secs()
     );
-    Ok(())
+    support::tear_down(&namespace).await
 }
 
 /// `cairn_provider_calls_total` by its labels.
@@ -651,7 +651,7 @@ async fn dns_records_follow_their_policies() -> Result {
             .await?
             .is_empty()
     );
-    Ok(())
+    support::tear_down(&namespace).await
 }
 
 /// ObserveOnly: a bucket made by hand is read and reported, never written
@@ -699,7 +699,7 @@ async fn observe_only_reads_and_never_writes() -> Result {
         .map(|s| format!("{} {}", s.method, s.target))
         .collect();
     assert!(writes.is_empty(), "observe-only wrote: {writes:?}");
-    Ok(())
+    support::tear_down(&namespace).await
 }
 
 /// A namespace uses only its own ProviderConfigs, so only its own
@@ -751,5 +751,5 @@ async fn credentials_of_another_namespace_cannot_be_used() -> Result {
         ),
         other => panic!("a Secret of another namespace was accepted: {other:?}"),
     }
-    Ok(())
+    support::tear_down(&namespace).await
 }

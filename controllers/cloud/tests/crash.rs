@@ -12,7 +12,7 @@ use cairn_api::cloud::v1alpha1::{DnsRecord, EXTERNAL_NAME_ANNOTATION, ObjectBuck
 use cairn_cloud_controller::external::OWNER_TAG;
 use cairn_testing::faults::{FaultProxy, Seen};
 use cairn_testing::{cluster, s3, wait};
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{ListParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
@@ -20,7 +20,7 @@ mod support;
 
 use support::{
     Result, TIMEOUT, bucket, controller_as, hosted_zone, provider_at, record, record_values,
-    route53, until_condition,
+    route53, tear_down, until_condition,
 };
 
 const EACH: usize = 25;
@@ -144,14 +144,7 @@ async fn killed_at_any_moment_it_neither_leaks_nor_duplicates() -> Result {
     );
 
     // Deleting every object leaves nothing behind.
-    buckets
-        .delete_collection(&DeleteParams::default(), &ListParams::default())
-        .await?;
-    records
-        .delete_collection(&DeleteParams::default(), &ListParams::default())
-        .await?;
-    wait_empty(&buckets).await?;
-    wait_empty(&records).await?;
+    tear_down(&namespace).await?;
     assert!(
         bucket_owners(&prefix).await?.is_empty(),
         "buckets left behind"
@@ -215,22 +208,6 @@ async fn until_record(api: &Api<DnsRecord>, name: &str) -> Result {
                     .iter()
                     .any(|c| c.type_ == "Ready" && c.status == "True")
             })
-    })
-    .await?;
-    Ok(())
-}
-
-async fn wait_empty<K>(api: &Api<K>) -> Result
-where
-    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
-    K::DynamicType: Default,
-{
-    wait::until("every object deleted", TIMEOUT * 2, || async {
-        match api.list(&ListParams::default()).await {
-            Ok(list) if list.items.is_empty() => Ok(Some(())),
-            Ok(list) => Err(format!("{} left", list.items.len())),
-            Err(e) => Err(e.to_string()),
-        }
     })
     .await?;
     Ok(())

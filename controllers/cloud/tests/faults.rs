@@ -65,7 +65,7 @@ async fn a_lost_create_response_leaves_one_bucket_and_no_stuck_object() -> Resul
         creates.len()
     );
     assert_eq!(owned, [name], "exactly one bucket, tagged as the object's");
-    Ok(())
+    support::tear_down(&namespace).await
 }
 
 /// Buckets in moto tagged as owned by `uid`.
@@ -156,7 +156,7 @@ async fn throttling_is_met_within_the_rate_and_converges_after() -> Result {
     );
     assert!(throttled > 0, "nothing was throttled");
     assert!(peak <= 10, "{peak} calls within one second");
-    Ok(())
+    support::tear_down(&namespace).await
 }
 
 /// A namespace full of buckets (policy Delete) is deleted while the provider
@@ -279,5 +279,5 @@ async fn a_name_taken_elsewhere_is_terminal_until_the_spec_changes() -> Result {
         )
         .await?;
     until_condition(&buckets, "taken", "Ready", "True", Some("Available")).await?;
-    Ok(())
+    support::tear_down(&namespace).await
 }

@@ -300,13 +300,18 @@ impl Observer {
                 .iter()
                 .map(|w| {
                     format!(
-                        "{} {} {}/{} by {} at {}",
+                        "{} {}{} {}/{} by {} at {}: {}",
                         w.verb,
                         w.resource,
+                        w.subresource
+                            .as_deref()
+                            .map(|s| format!("/{s}"))
+                            .unwrap_or_default(),
                         w.namespace.as_deref().unwrap_or("-"),
                         w.name.as_deref().unwrap_or("-"),
                         w.user,
-                        w.received
+                        w.received,
+                        w.code.map_or("no response".to_owned(), |c| c.to_string())
                     )
                 })
                 .collect(),

@@ -90,6 +90,41 @@ where
     .await
 }
 
+/// Deletes every object of `api` and waits until none is left (their
+/// finalizers done): a test's teardown while its controller still runs.
+pub async fn for_all_deleted<K>(api: &Api<K>, timeout: Duration) -> Result<(), Error>
+where
+    K: Resource + Clone + Debug + DeserializeOwned + Serialize,
+    K::DynamicType: Default,
+{
+    let everything = kube::api::ListParams::default();
+    api.delete_collection(&kube::api::DeleteParams::default(), &everything)
+        .await?;
+    let description = format!(
+        "every {} to be deleted",
+        K::kind(&K::DynamicType::default())
+    );
+    until(&description, timeout, || async {
+        match api.list(&everything).await {
+            Ok(list) if list.items.is_empty() => Ok(Some(())),
+            Ok(list) => Err(list
+                .items
+                .iter()
+                .map(|o| {
+                    format!(
+                        "{}: {}",
+                        o.meta().name.as_deref().unwrap_or_default(),
+                        describe(o)
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; ")),
+            Err(e) => Err(format!("error listing them: {e}")),
+        }
+    })
+    .await
+}
+
 /// The `status` of an object (or the whole object if it has none), as JSON.
 fn describe(object: &impl Serialize) -> String {
     let value = serde_json::to_value(object).unwrap_or_default();

@@ -218,3 +218,15 @@ pub async fn hosted_zone(
         .ok_or("no hosted zone id")?;
     Ok((zone, zone_id))
 }
+
+/// Deletes the namespace's DnsRecords, then ObjectBuckets, then
+/// ProviderConfigs, waiting until each kind is gone. Called at the end of a
+/// test while its controller (and fault proxy) still run: their finalizers
+/// need the controller, and a namespace deleted after it stopped would
+/// stay Terminating, its objects left for the next controller to finish.
+pub async fn tear_down(namespace: &TestNamespace) -> Result {
+    wait::for_all_deleted(&namespace.api::<DnsRecord>(), TIMEOUT * 2).await?;
+    wait::for_all_deleted(&namespace.api::<ObjectBucket>(), TIMEOUT * 2).await?;
+    wait::for_all_deleted(&namespace.api::<ProviderConfig>(), TIMEOUT).await?;
+    Ok(())
+}
