@@ -25,7 +25,9 @@ while (($#)); do
   esac
 done
 log "chaos: seeds $seeds, $minutes minutes each${bug:+, with the injected bug $bug}"
-export CAIRN_CHAOS_SEEDS=$seeds CAIRN_CHAOS_MINUTES=$minutes CAIRN_SKIP_LINT=1
+# The controllers' and instances' logs of the whole run are kept (the run
+# copies the pods' logs every 10 s), passed or failed.
+export CAIRN_CHAOS_SEEDS=$seeds CAIRN_CHAOS_MINUTES=$minutes CAIRN_SKIP_LINT=1 CAIRN_KEEP_LOGS=1
 if [[ -z $bug ]]; then
   exec hack/test.sh -p cairn-e2e --test chaos -- --nocapture
 fi

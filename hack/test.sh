@@ -14,7 +14,9 @@
 # Arguments, if any, replace `--workspace` in the cargo test call:
 #   hack/test.sh -p cairn-e2e --test smoke
 # CAIRN_SKIP_LINT=1 skips step 2 (for a quick rerun of one test while other
-# files are being edited; CI never sets it).
+# files are being edited; CI never sets it). The components' logs are kept in
+# the cache's last-test-logs after a failure, and after any run with
+# CAIRN_KEEP_LOGS=1 (hack/chaos.sh sets it).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$CAIRN_ROOT"
@@ -56,13 +58,17 @@ STATE=""
 stop_cluster() {
   local status=$?
   [[ -n "$STATE" ]] || return 0
-  if ((status != 0)); then
+  if ((status != 0)) || [[ -n ${CAIRN_KEEP_LOGS:-} ]]; then
     local logs
     for logs in "$STATE/logs" "$STATE.failed-logs"; do
       [[ -d "$logs" ]] || continue
       rm -rf "$CAIRN_CACHE/last-test-logs"
       cp -r "$logs" "$CAIRN_CACHE/last-test-logs"
-      log "failed: component logs kept in $CAIRN_CACHE/last-test-logs"
+      if ((status != 0)); then
+        log "failed: component logs kept in $CAIRN_CACHE/last-test-logs"
+      else
+        log "component logs kept in $CAIRN_CACHE/last-test-logs"
+      fi
     done
   fi
   local pids

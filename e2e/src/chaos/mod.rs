@@ -63,6 +63,9 @@ impl Settings {
     }
 }
 
+/// How often the pods' logs are copied into the cluster's log folder.
+const KEEP_LOGS_EVERY: Duration = Duration::from_secs(10);
+
 /// How long everything has to converge once the faults are healed.
 pub const CONVERGENCE_BOUND: Duration = Duration::from_secs(300);
 
@@ -87,9 +90,16 @@ pub async fn run(settings: &Settings) -> Result<Tally> {
         );
         let mut chaos = Chaos::new(&workload, seed);
         let until = Instant::now() + settings.duration;
+        let mut logs_kept = Instant::now();
         while Instant::now() < until {
             chaos.step().await;
             observer.sample(&workload, &mut tally).await;
+            if logs_kept.elapsed() >= KEEP_LOGS_EVERY {
+                // The controllers' and instances' logs, before a deleted
+                // pod or a stopped node takes them away.
+                workload.real.keep_pod_logs();
+                logs_kept = Instant::now();
+            }
             let pause = chaos.pause(settings.mean_interval);
             tokio::time::sleep(pause.min(until.saturating_duration_since(Instant::now()))).await;
         }

@@ -171,7 +171,9 @@ impl TestNamespace {
     /// Copies the logs of this namespace's pods from the real nodes into the
     /// cluster's log folder (kept when a test run fails): the kubelet removes
     /// them with the pods.
-    fn keep_pod_logs(&self) {
+    /// Called when the namespace is dropped, and by long tests as they go
+    /// (a pod deleted meanwhile takes its logs with it).
+    pub fn keep_pod_logs(&self) {
         let target = self.cluster.state_dir().join("logs/pods");
         let nodes = self.cluster.state_dir().join("nodes");
         let prefix = format!("{}_", self.name);
