@@ -55,6 +55,18 @@ pub async fn enforce_restricted_pod_security(ns: &TestNamespace) -> Result {
     Ok(())
 }
 
+/// A namespace on the real nodes under the restricted Pod Security level,
+/// with the database controller installed by its chart: where each
+/// real-node test of a DatabaseCluster starts.
+pub async fn namespace_with_controller(prefix: &str) -> Result<TestNamespace> {
+    let ns = cairn_testing::cluster()
+        .namespace_on_real_nodes(prefix)
+        .await?;
+    enforce_restricted_pod_security(&ns).await?;
+    install_controller(&ns).await?;
+    Ok(ns)
+}
+
 /// The database controller, installed by its chart: see [`install_chart`].
 pub async fn install_controller(ns: &TestNamespace) -> Result {
     install_chart(ns, CHART).await

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use cairn_api::backup::v1::{Backup, BackupPhase, BackupStatus};
 use cairn_api::database::v1::DatabaseCluster;
 use cairn_e2e::real::{
-    READY_TIMEOUT, as_superuser, backup_destination, cluster_spec, current_primary,
-    enforce_restricted_pod_security, install_chart, install_controller, psql, start_client,
+    READY_TIMEOUT, as_superuser, backup_destination, cluster_spec, current_primary, install_chart,
+    namespace_with_controller, psql, start_client,
 };
 use cairn_storage::{BaseBackups, S3Settings, WalArchive};
 use cairn_testing::{TestNamespace, cluster, wait};
@@ -101,9 +101,7 @@ fn phase(backup: &Backup) -> Option<BackupPhase> {
 
 #[tokio::test]
 async fn a_standby_takes_a_base_backup_and_a_killed_one_fails_cleanly() -> Result {
-    let ns = cluster().namespace_on_real_nodes("backups").await?;
-    enforce_restricted_pod_security(&ns).await?;
-    install_controller(&ns).await?;
+    let ns = namespace_with_controller("backups").await?;
     install_chart(&ns, "cairn-backup-controller").await?;
     let bucket = format!("base-{}", ns.name);
     let mut spec = cluster_spec(2);

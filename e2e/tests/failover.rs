@@ -13,10 +13,9 @@ use std::time::Instant;
 use cairn_api::database::instance::ROLE_LABEL;
 use cairn_api::database::v1::DatabaseCluster;
 use cairn_e2e::real::{
-    READY_TIMEOUT, Write, cluster_spec, current_primary, enforce_restricted_pod_security,
-    install_controller, node_of, other_real_node, psql, rows_present, start_client_on,
-    start_writer, stop_writer, unix_now, until_acknowledged, until_acknowledged_after, until_psql,
-    writes,
+    READY_TIMEOUT, Write, cluster_spec, current_primary, namespace_with_controller, node_of,
+    other_real_node, psql, rows_present, start_client_on, start_writer, stop_writer, unix_now,
+    until_acknowledged, until_acknowledged_after, until_psql, writes,
 };
 use cairn_testing::{Error, LocalCluster, TestNamespace, cluster, wait};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -32,9 +31,7 @@ const RW: &str = "ledger-rw";
 
 #[tokio::test]
 async fn a_stopped_primary_node_fails_over_and_the_old_primary_rejoins() -> Result {
-    let ns = cluster().namespace_on_real_nodes("failover").await?;
-    enforce_restricted_pod_security(&ns).await?;
-    install_controller(&ns).await?;
+    let ns = namespace_with_controller("failover").await?;
     let clusters = ns.api::<DatabaseCluster>();
     clusters
         .create(

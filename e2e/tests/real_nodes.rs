@@ -14,9 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cairn_api::database::v1::DatabaseCluster;
-use cairn_e2e::real::{
-    CHART, READY_TIMEOUT, cluster_spec, enforce_restricted_pod_security, install_controller,
-};
+use cairn_e2e::real::{CHART, READY_TIMEOUT, cluster_spec, namespace_with_controller};
 use cairn_testing::{Error, TestNamespace, cluster, wait};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::Api;
@@ -30,10 +28,7 @@ const CLUSTER: &str = "orders";
 
 #[tokio::test]
 async fn postgresql_and_the_controller_run_in_real_pods() -> Result {
-    let ns = cluster().namespace_on_real_nodes("real").await?;
-    enforce_restricted_pod_security(&ns).await?;
-
-    install_controller(&ns).await?;
+    let ns = namespace_with_controller("real").await?;
     cairn_e2e::real::controller_serves_metrics_from_its_pods(&ns, CHART).await?;
 
     let started = Instant::now();

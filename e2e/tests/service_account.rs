@@ -11,10 +11,9 @@ use std::time::Instant;
 
 use cairn_api::database::v1::DatabaseCluster;
 use cairn_e2e::real::{
-    READY_TIMEOUT, cluster_spec, current_primary, enforce_restricted_pod_security,
-    install_controller, until_ready,
+    READY_TIMEOUT, cluster_spec, current_primary, namespace_with_controller, until_ready,
 };
-use cairn_testing::{Error, cluster, wait};
+use cairn_testing::{Error, wait};
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{DeleteParams, ListParams, PostParams};
@@ -26,9 +25,7 @@ const CLUSTER: &str = "ledger";
 
 #[tokio::test]
 async fn instances_whose_service_account_was_replaced_are_restarted_replica_first() -> Result {
-    let ns = cluster().namespace_on_real_nodes("account").await?;
-    enforce_restricted_pod_security(&ns).await?;
-    install_controller(&ns).await?;
+    let ns = namespace_with_controller("account").await?;
     let clusters = ns.api::<DatabaseCluster>();
     clusters
         .create(

@@ -13,8 +13,8 @@ use std::time::Instant;
 
 use cairn_api::database::v1::DatabaseCluster;
 use cairn_e2e::real::{
-    READY_TIMEOUT, cluster_spec, current_primary, enforce_restricted_pod_security,
-    install_controller, node_of, other_real_node, psql, start_client_on, until_psql, until_ready,
+    READY_TIMEOUT, cluster_spec, current_primary, namespace_with_controller, node_of,
+    other_real_node, psql, start_client_on, until_psql, until_ready,
 };
 use cairn_testing::{Error, LocalCluster, TestNamespace, cluster, wait};
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -29,9 +29,7 @@ const RW: &str = "orders-rw";
 
 #[tokio::test]
 async fn a_stateful_set_deleted_after_a_failover_brings_both_instances_back() -> Result {
-    let ns = cluster().namespace_on_real_nodes("statefulset").await?;
-    enforce_restricted_pod_security(&ns).await?;
-    install_controller(&ns).await?;
+    let ns = namespace_with_controller("statefulset").await?;
     let clusters = ns.api::<DatabaseCluster>();
     clusters
         .create(

@@ -10,10 +10,9 @@ use std::time::Instant;
 
 use cairn_api::database::v1::{DatabaseCluster, ReplicationSpec};
 use cairn_e2e::real::{
-    READY_TIMEOUT, as_superuser, cluster_spec, current_primary, enforce_restricted_pod_security,
-    install_controller, node_of, other_real_node, psql, rows_present, start_client_on,
-    start_writer, stop_writer, unix_now, until_acknowledged, until_acknowledged_after, until_psql,
-    until_ready, writes,
+    READY_TIMEOUT, as_superuser, cluster_spec, current_primary, namespace_with_controller, node_of,
+    other_real_node, psql, rows_present, start_client_on, start_writer, stop_writer, unix_now,
+    until_acknowledged, until_acknowledged_after, until_psql, until_ready, writes,
 };
 use cairn_testing::{Error, LocalCluster, TestNamespace, cluster, wait};
 use k8s_openapi::api::core::v1::Pod;
@@ -27,9 +26,7 @@ const RW: &str = "quorum-rw";
 
 #[tokio::test]
 async fn with_synchronous_replication_a_failover_loses_no_acknowledged_row() -> Result {
-    let ns = cluster().namespace_on_real_nodes("synchronous").await?;
-    enforce_restricted_pod_security(&ns).await?;
-    install_controller(&ns).await?;
+    let ns = namespace_with_controller("synchronous").await?;
     let clusters = ns.api::<DatabaseCluster>();
     let mut spec = cluster_spec(3);
     spec.replication = Some(ReplicationSpec {

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use cairn_api::database::v1::DatabaseCluster;
 use cairn_e2e::real::{
-    READY_TIMEOUT, as_superuser, backup_destination, cluster_spec, enforce_restricted_pod_security,
-    install_controller, psql, start_client,
+    READY_TIMEOUT, as_superuser, backup_destination, cluster_spec, namespace_with_controller, psql,
+    start_client,
 };
 use cairn_storage::{S3Settings, WalArchive};
 use cairn_testing::{cluster, wait};
@@ -21,9 +21,7 @@ const CLUSTER: &str = "ledger";
 
 #[tokio::test]
 async fn the_primary_archives_every_completed_wal_file_from_its_pod() -> Result {
-    let ns = cluster().namespace_on_real_nodes("archive").await?;
-    enforce_restricted_pod_security(&ns).await?;
-    install_controller(&ns).await?;
+    let ns = namespace_with_controller("archive").await?;
     let bucket = format!("wal-{}", ns.name);
     let mut spec = cluster_spec(1);
     spec.backup = Some(backup_destination(&ns, &bucket, "e2e").await?);

@@ -906,21 +906,9 @@ async fn delete_pod(
     uid: Option<String>,
     why: Deletion,
 ) -> Result<(), Error> {
-    let namespace = cluster.namespace().unwrap_or_default();
-    let params = kube::api::DeleteParams {
-        preconditions: Some(kube::api::Preconditions {
-            uid,
-            resource_version: None,
-        }),
-        ..kube::api::DeleteParams::default()
-    };
-    match Api::<Pod>::namespaced(ctx.client.clone(), &namespace)
-        .delete(name, &params)
-        .await
-    {
-        Ok(_) => {}
-        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => return Ok(()),
-        Err(e) => return Err(e.into()),
+    let pods = Api::<Pod>::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default());
+    if !delete_exactly(&pods, name, uid, None).await? {
+        return Ok(());
     }
     match why.kind {
         EventType::Warning => tracing::warn!(pod = %name, "{}", why.message),
@@ -1009,24 +997,39 @@ async fn orphan_stateful_set(ctx: &Context, old: &StatefulSet) -> Result<(), Err
         return Ok(());
     }
     let name = old.name_any();
+    let sets =
+        Api::<StatefulSet>::namespaced(ctx.client.clone(), &old.namespace().unwrap_or_default());
+    let orphan = Some(kube::api::PropagationPolicy::Orphan);
+    if delete_exactly(&sets, &name, old.uid(), orphan).await? {
+        tracing::info!(stateful_set = %name, "replacing the StatefulSet for its pod management policy; its pods keep running");
+    }
+    Ok(())
+}
+
+/// Deletes `name` only while it is still the object with `uid`. Returns
+/// whether this call deleted it: one already gone (404) or replaced by a
+/// new object of the same name (409, the precondition) is no error, and
+/// the new one is never touched.
+async fn delete_exactly<K>(
+    api: &Api<K>,
+    name: &str,
+    uid: Option<String>,
+    propagation_policy: Option<kube::api::PropagationPolicy>,
+) -> Result<bool, Error>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     let params = kube::api::DeleteParams {
-        propagation_policy: Some(kube::api::PropagationPolicy::Orphan),
+        propagation_policy,
         preconditions: Some(kube::api::Preconditions {
-            uid: old.uid(),
+            uid,
             resource_version: None,
         }),
         ..kube::api::DeleteParams::default()
     };
-    let namespace = old.namespace().unwrap_or_default();
-    match Api::<StatefulSet>::namespaced(ctx.client.clone(), &namespace)
-        .delete(&name, &params)
-        .await
-    {
-        Ok(_) => {
-            tracing::info!(stateful_set = %name, "replacing the StatefulSet for its pod management policy; its pods keep running");
-            Ok(())
-        }
-        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(()),
+    match api.delete(name, &params).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(false),
         Err(e) => Err(e.into()),
     }
 }
