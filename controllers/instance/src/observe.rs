@@ -44,9 +44,13 @@ pub struct Sample {
     pub server_version: String,
     /// A replica's: the timeline it receives, or, with no WAL receiver (its
     /// primary restarting), the latest of its WAL files up to its replay
-    /// position. The last restartpoint's timeline alone can be one behind
-    /// after a switchover, which would read as a history forked off the
-    /// primary's and clone the replica again for nothing.
+    /// position whose files begin at that timeline's switch point (it
+    /// streamed that timeline from the switch, as a follower does; a forked
+    /// replica's receiver may have written a file of the new timeline past
+    /// the switch only), else its last restartpoint's. That restartpoint's
+    /// timeline alone can be one behind after a switchover, which would read
+    /// as a history forked off the primary's and clone the replica again
+    /// for nothing.
     pub timeline: Option<u32>,
     /// `X/Y`: current (primary) or last replayed (replica).
     pub wal_position: Option<String>,
@@ -84,13 +88,22 @@ SELECT pg_is_in_recovery(),
        CASE WHEN pg_is_in_recovery()
             THEN coalesce((SELECT received_tli FROM pg_stat_wal_receiver),
                           greatest((SELECT timeline_id FROM pg_control_checkpoint()),
-                                   (SELECT max(('x' || substr(name, 1, 8))::bit(32)::int)
-                                    FROM pg_ls_waldir(), segment
-                                    WHERE name ~ '^[0-9A-F]{24}$'
-                                      AND ('x' || substr(name, 9, 8))::bit(32)::bigint
-                                          * (4294967296 / segment.size)
-                                          + ('x' || substr(name, 17, 8))::bit(32)::bigint
-                                          <= floor((lsn - '0/0') / segment.size))))
+                                   (SELECT max(tl) FROM (
+                                        SELECT tl, min(segno) AS first FROM (
+                                            SELECT ('x' || substr(name, 1, 8))::bit(32)::int AS tl,
+                                                   ('x' || substr(name, 9, 8))::bit(32)::bigint
+                                                   * (4294967296 / segment.size)
+                                                   + ('x' || substr(name, 17, 8))::bit(32)::bigint AS segno,
+                                                   floor((lsn - '0/0') / segment.size) AS replayed
+                                            FROM pg_ls_waldir(), segment
+                                            WHERE name ~ '^[0-9A-F]{24}$') AS files
+                                        WHERE segno <= replayed
+                                        GROUP BY tl) AS timelines, segment
+                                    WHERE first <= floor((substring(rtrim(
+                                              pg_read_file('pg_wal/' || lpad(upper(to_hex(tl)), 8, '0')
+                                                           || '.history', 0, 1048576, true), E'\\n')
+                                              FROM E'([0-9A-F]+/[0-9A-F]+)\\t[^\\n]*$')::pg_lsn - '0/0')
+                                          / segment.size))))
             ELSE (SELECT timeline_id FROM pg_control_checkpoint()) END,
        lsn::text,
        (lsn - '0/0')::bigint,

@@ -687,6 +687,8 @@ async fn a_replica_on_the_new_timeline_waits_out_its_primary_restarting() -> Res
     let log = follower.log_text();
     assert!(!log.contains("forked off"), "{log}");
     assert!(!log.contains("cloning the replica again"), "{log}");
+    // Nor restarted: its WAL receiver reconnected on its own.
+    assert!(!log.contains("connects again"), "{log}");
     let ids: Vec<i32> = follower
         .app()
         .await?
