@@ -392,14 +392,7 @@ async fn a_replica_ahead_of_the_promoted_one_is_cloned_again() -> Result {
     );
     let log = ahead.log_text();
     assert!(log.contains("forked off the primary's"), "{log}");
-    let ids: Vec<i32> = ahead
-        .app()
-        .await?
-        .query("SELECT id FROM orders ORDER BY id", &[])
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let ids = order_ids(&ahead).await?;
     assert_eq!(ids, [1], "the replica holds the new primary's history only");
     fixture.passed()
 }
@@ -689,16 +682,19 @@ async fn a_replica_on_the_new_timeline_waits_out_its_primary_restarting() -> Res
     assert!(!log.contains("cloning the replica again"), "{log}");
     // Nor restarted: its WAL receiver reconnected on its own.
     assert!(!log.contains("connects again"), "{log}");
-    let ids: Vec<i32> = follower
+    let ids = order_ids(&follower).await?;
+    assert_eq!(ids, [1, 2]);
+    fixture.passed()
+}
+
+/// The ids in `orders` on `instance`, in order.
+async fn order_ids(instance: &support::Instance) -> Result<Vec<i32>> {
+    let rows = instance
         .app()
         .await?
         .query("SELECT id FROM orders ORDER BY id", &[])
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    assert_eq!(ids, [1, 2]);
-    fixture.passed()
+        .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 
 /// How long a replica may go without streaming before it is judged stuck
