@@ -128,6 +128,7 @@ prop_compose! {
         secret in option::of(word()),
         version in option::of(word()),
         initialized in any::<bool>(),
+        timeline in option::of(1u32..100),
         failover in option::of((word(), word(), word())),
     ) -> Value {
         json!({
@@ -135,7 +136,7 @@ prop_compose! {
             "instances": instances, "readyInstances": ready, "currentPrimary": primary, "selector": selector,
             "endpoints": endpoints.map(|(rw, ro)| json!({ "readWrite": rw, "readOnly": ro })),
             "credentialsSecret": secret, "postgresVersion": version,
-            "initialized": initialized,
+            "initialized": initialized, "timeline": timeline,
             "lastFailover": failover.map(|(from, to, reason)| json!({
                 "from": from, "to": to, "reason": reason,
                 "primaryLastSeen": "2026-01-02T03:04:05Z", "promotedAt": "2026-01-02T03:04:15Z",

@@ -62,6 +62,9 @@ async fn a_stopped_primary_node_fails_over_and_the_old_primary_rejoins() -> Resu
     let new_primary = result?;
     // Back to the old primary, on request: no row lost, writes resume.
     switch_over(&ns, &old_primary).await?;
+    // Both replicas follow the new primary before it is cut off: a replica
+    // still restarting, or forked, may not be promoted (it lacks writes).
+    until_ready(&clusters, |_| true).await?;
 
     // The primary cut off from the API server alone: it fences itself
     // before a replica may be promoted, a replica takes over, and once the

@@ -70,6 +70,8 @@ struct StatusExtras {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     initialized: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    timeline: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     last_failover: Option<v1::FailoverRecord>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     last_switchover: Option<v1::SwitchoverRecord>,
@@ -136,6 +138,7 @@ pub fn to_v1alpha1(
                 credentials_secret: status.credentials_secret,
                 postgres_version: status.postgres_version,
                 initialized: status.initialized,
+                timeline: status.timeline,
                 last_failover: status.last_failover,
                 last_switchover: status.last_switchover,
                 restored_from: status.restored_from,
@@ -192,6 +195,7 @@ pub fn to_v1(cluster: v1alpha1::DatabaseCluster) -> Result<v1::DatabaseCluster, 
             credentials_secret: status_extras.credentials_secret,
             postgres_version: status_extras.postgres_version,
             initialized: status_extras.initialized,
+            timeline: status_extras.timeline,
             last_failover: status_extras.last_failover,
             last_switchover: status_extras.last_switchover,
             restored_from: status_extras.restored_from,

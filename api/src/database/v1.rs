@@ -528,6 +528,11 @@ pub struct DatabaseClusterStatus {
     /// initdb, whatever happens to its volume.
     #[serde(default, skip_serializing_if = "is_false")]
     pub initialized: bool,
+    /// The newest PostgreSQL timeline a serving primary of this cluster
+    /// reported. A failover never promotes a replica on an older timeline:
+    /// it lacks every write since this one began.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<u32>,
     /// The last automated failover.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failover: Option<FailoverRecord>,

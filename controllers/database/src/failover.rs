@@ -127,11 +127,14 @@ pub fn cautious(policy: Policy, instances: usize) -> Policy {
 }
 
 /// Decides for a cluster whose current primary is `primary`.
+/// `timeline`: the newest timeline a primary of the cluster reported (the
+/// status keeps it).
 /// `not_serving_for`: how long the controller has seen the primary heartbeat
 /// while not serving (postgres down, bootstrap refused...).
 pub fn decide(
     primary: &str,
     members: &[Member],
+    timeline: Option<u32>,
     not_serving_for: Option<Duration>,
     policy: Policy,
     now: Timestamp,
@@ -195,6 +198,32 @@ pub fn decide(
             recheck: Duration::from_secs(1),
         };
     }
+    // A replica on an older timeline than the cluster's lacks every write
+    // since that timeline began, however recent its report (a replica that
+    // replayed the old primary's WAL past the switch cannot follow at all):
+    // promoting it would lose them all, not only the last unreplicated
+    // ones. It becomes a candidate once it follows the current timeline.
+    let timeline = timeline.max(current.and_then(|m| m.observed.timeline));
+    let (current_timeline, behind): (Vec<&Member>, Vec<&Member>) = candidates
+        .iter()
+        .partition(|m| m.observed.timeline >= timeline);
+    if current_timeline.is_empty() {
+        let behind = behind
+            .iter()
+            .map(|m| format!("{} on {}", m.pod, timeline_name(m.observed.timeline)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        return Decision::Wait {
+            reason: format!(
+                "primary {primary} lost ({reason}); no running replica follows the cluster's {} \
+                 ({behind}): promoting one would lose every write since that timeline began; \
+                 waiting for the primary or for a replica to follow it",
+                timeline_name(timeline)
+            ),
+            recheck,
+        };
+    }
+    candidates = current_timeline;
     if let Some(quorum) = policy.quorum {
         let needed = quorum.needed(primary);
         let reporting = candidates.iter().filter(|m| quorum.lists(&m.pod)).count();
@@ -238,6 +267,13 @@ pub fn decide(
         },
         None => Decision::Wait { reason, recheck },
     }
+}
+
+fn timeline_name(timeline: Option<u32>) -> String {
+    timeline.map_or_else(
+        || "an unknown timeline".to_owned(),
+        |t| format!("timeline {t}"),
+    )
 }
 
 fn not_serving(member: &Member, for_: Duration) -> String {
@@ -310,7 +346,7 @@ mod tests {
             member("db-0", 1, "primary", 1, "0/5000000"),
             member("db-1", 1, "replica", 1, "0/5000000"),
         ];
-        let decision = decide("db-0", &members, None, POLICY, now());
+        let decision = decide("db-0", &members, None, None, POLICY, now());
         assert_eq!(
             decision,
             Decision::Keep {
@@ -327,7 +363,7 @@ mod tests {
             member("db-2", 1, "replica", 2, "0/8000000"),
             member("db-3", 1, "replica", 2, "0/8800000"),
         ];
-        let decision = decide("db-0", &members, None, POLICY, now());
+        let decision = decide("db-0", &members, None, None, POLICY, now());
         assert_eq!(promoted(&decision), Some("db-3"));
         let Decision::Promote { reason, .. } = decision else {
             unreachable!()
@@ -342,7 +378,7 @@ mod tests {
             member("db-1", 1, "replica", 1, "0/1"),
         ];
         assert!(matches!(
-            decide("db-0", &members, None, POLICY, now()),
+            decide("db-0", &members, None, None, POLICY, now()),
             Decision::Keep { .. }
         ));
     }
@@ -356,6 +392,7 @@ mod tests {
         let within = decide(
             "db-0",
             &members,
+            None,
             Some(Duration::from_secs(5)),
             POLICY,
             now(),
@@ -364,6 +401,7 @@ mod tests {
         let after = decide(
             "db-0",
             &members,
+            None,
             Some(Duration::from_secs(11)),
             POLICY,
             now(),
@@ -380,7 +418,7 @@ mod tests {
             member("db-1", 30, "replica", 1, "0/9"),
             stopped,
         ];
-        let decision = decide("db-0", &members, None, POLICY, now());
+        let decision = decide("db-0", &members, None, None, POLICY, now());
         assert!(
             matches!(&decision, Decision::Wait { reason, .. } if reason.contains("no replica is running")),
             "{decision:?}"
@@ -397,7 +435,7 @@ mod tests {
             max_lag_bytes: Some(1024),
             ..POLICY
         };
-        let decision = decide("db-0", &members, None, bounded, now());
+        let decision = decide("db-0", &members, None, None, bounded, now());
         assert!(
             matches!(&decision, Decision::Wait { reason, .. } if reason.contains("maxLagBytes")),
             "{decision:?}"
@@ -407,7 +445,7 @@ mod tests {
             ..POLICY
         };
         assert_eq!(
-            promoted(&decide("db-0", &members, None, loose, now())),
+            promoted(&decide("db-0", &members, None, None, loose, now())),
             Some("db-1")
         );
     }
@@ -424,7 +462,7 @@ mod tests {
             member("db-3", 30, "replica", 1, "0/9"),
             member("db-4", 30, "replica", 1, "0/9"),
         ];
-        let decision = decide("db-0", &members, None, quorum, now());
+        let decision = decide("db-0", &members, None, None, quorum, now());
         assert!(
             matches!(&decision, Decision::Wait { reason, .. }
                 if reason.contains("3 replicas must report") && reason.contains("2 do")),
@@ -432,13 +470,13 @@ mod tests {
         );
         members[3] = member("db-3", 1, "replica", 1, "0/6");
         assert_eq!(
-            promoted(&decide("db-0", &members, None, quorum, now())),
+            promoted(&decide("db-0", &members, None, None, quorum, now())),
             Some("db-2")
         );
         // Without the quorum, two reporting replicas are enough.
         members[3] = member("db-3", 30, "replica", 1, "0/9");
         assert_eq!(
-            promoted(&decide("db-0", &members, None, POLICY, now())),
+            promoted(&decide("db-0", &members, None, None, POLICY, now())),
             Some("db-2")
         );
     }
@@ -452,7 +490,7 @@ mod tests {
             member("db-1", 1, "replica", 1, "0/8"),
             member("db-2", 8, "replica", 1, "0/7"),
         ];
-        let decision = decide("db-0", &members, None, POLICY, now());
+        let decision = decide("db-0", &members, None, None, POLICY, now());
         assert!(
             matches!(&decision, Decision::Wait { reason, .. } if reason.contains("from db-2")),
             "{decision:?}"
@@ -463,7 +501,7 @@ mod tests {
             member("db-2", 6, "replica", 1, "0/9"),
         ];
         assert_eq!(
-            promoted(&decide("db-0", &members, None, POLICY, now())),
+            promoted(&decide("db-0", &members, None, None, POLICY, now())),
             Some("db-2")
         );
     }
@@ -480,7 +518,7 @@ mod tests {
         ];
         let not_serving = Some(Duration::from_secs(11));
         assert_eq!(
-            promoted(&decide("db-0", &members, not_serving, quorum, now())),
+            promoted(&decide("db-0", &members, None, not_serving, quorum, now())),
             Some("db-1")
         );
     }
@@ -495,7 +533,7 @@ mod tests {
             member("db-2", 1, "replica", 1, "0/9"),
         ];
         assert!(matches!(
-            decide("db-0", &members, None, quorum, now()),
+            decide("db-0", &members, None, None, quorum, now()),
             Decision::Wait { .. }
         ));
     }
@@ -510,14 +548,14 @@ mod tests {
             member("db-1", 1, "replica", 1, "0/8"),
             member("db-2", 30, "replica", 1, "0/9"),
         ];
-        let decision = decide("db-0", &members, None, cautious, now());
+        let decision = decide("db-0", &members, None, None, cautious, now());
         assert!(
             matches!(&decision, Decision::Wait { reason, .. }
                 if reason.contains("2 replicas must report") && reason.contains("1 do")),
             "{decision:?}"
         );
         assert_eq!(
-            promoted(&decide("db-0", &members, None, POLICY, now())),
+            promoted(&decide("db-0", &members, None, None, POLICY, now())),
             Some("db-1"),
             "the spec's asynchronous policy would not wait"
         );
@@ -527,17 +565,53 @@ mod tests {
             member("db-2", 1, "replica", 1, "0/9"),
         ];
         assert_eq!(
-            promoted(&decide("db-0", &members, None, cautious, now())),
+            promoted(&decide("db-0", &members, None, None, cautious, now())),
             Some("db-2")
         );
         assert_eq!(cautious.delay, POLICY.delay);
     }
 
     #[test]
+    fn a_replica_on_an_older_timeline_than_the_clusters_is_never_promoted() {
+        // As seen in a test run: db-2 replayed the old primary's shutdown
+        // checkpoint past timeline 2's switch and stayed on timeline 1,
+        // while db-1 (demoted by a switchover) was restarting. Promoting db-2
+        // would have lost every write of timelines 2 and 3.
+        let mut restarting = member("db-1", 1, "replica", 2, "0/40274C0");
+        restarting.observed.role = None;
+        let members = [
+            member("db-0", 11, "primary", 3, "0/4030000"),
+            restarting,
+            member("db-2", 1, "replica", 1, "0/4022B78"),
+        ];
+        let decision = decide("db-0", &members, Some(3), None, POLICY, now());
+        assert!(
+            matches!(&decision, Decision::Wait { reason, .. }
+                if reason.contains("cluster's timeline 3 (db-2 on timeline 1)")),
+            "{decision:?}"
+        );
+        // The status remembers the timeline when the lost primary's Lease
+        // no longer reports one.
+        let mut silent = members.clone();
+        silent[0].observed.timeline = None;
+        assert!(matches!(
+            decide("db-0", &silent, Some(3), None, POLICY, now()),
+            Decision::Wait { .. }
+        ));
+        // Once db-1 follows timeline 3, it is promoted, though db-2 reports more WAL.
+        let mut following = members.clone();
+        following[1] = member("db-1", 1, "replica", 3, "0/4020000");
+        assert_eq!(
+            promoted(&decide("db-0", &following, Some(3), None, POLICY, now())),
+            Some("db-1")
+        );
+    }
+
+    #[test]
     fn a_missing_lease_is_a_lost_primary() {
         let members = [member("db-1", 1, "replica", 1, "0/1")];
         assert_eq!(
-            promoted(&decide("db-0", &members, None, POLICY, now())),
+            promoted(&decide("db-0", &members, None, None, POLICY, now())),
             Some("db-1")
         );
     }

@@ -288,6 +288,7 @@ pub async fn reconcile(cluster: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Resu
     let blocked_storage = grow_storage(&ctx, &cluster).await?;
     let mut observed = status::observe(&cluster, instances, &roles.primary, &now);
     observed.initialized = roles.initialized;
+    observed.timeline = roles.timeline;
     observed.postgres_version = members
         .iter()
         .find(|m| m.pod == roles.primary)
@@ -392,6 +393,8 @@ struct Roles {
     /// The primary serves and no switchover is under way: a rollout may
     /// restart an instance.
     steady: bool,
+    /// The newest timeline a serving primary reported.
+    timeline: Option<u32>,
 }
 
 /// The membership step: a requested switchover's next step, else a
@@ -452,6 +455,7 @@ async fn assign_roles(
         }
     };
     let initialized = is_initialized(cluster, &primary, members);
+    let timeline = cluster_timeline(cluster, &primary, members);
     let labelled_primary = (!switching.demoted).then_some(primary.as_str());
     label_roles(ctx, cluster, pods, labelled_primary, initialized).await?;
     if let Some(record) = last_failover.as_mut()
@@ -474,6 +478,7 @@ async fn assign_roles(
         waiting,
         recheck,
         steady,
+        timeline,
     })
 }
 
@@ -498,6 +503,7 @@ async fn keep_serving(
     let policy = failover::cautious(failover_policy(cluster), instances);
     let roles = assign_roles(ctx, cluster, &members, &pods, None, policy, now).await?;
     observed.current_primary = Some(roles.primary);
+    observed.timeline = roles.timeline;
     status::failover(observed, cluster, roles.last_failover, roles.waiting, now);
     observed.last_switchover = roles.switching.record;
     Ok(())
@@ -532,6 +538,21 @@ fn is_initialized(cluster: &DatabaseCluster, primary: &str, members: &[Member]) 
         || members
             .iter()
             .any(|m| m.pod == primary && m.serves_as_primary())
+}
+
+/// The newest timeline a serving primary reported, the status's or the
+/// primary's own now: a promotion's new timeline is recorded once the
+/// promoted instance serves on it.
+fn cluster_timeline(cluster: &DatabaseCluster, primary: &str, members: &[Member]) -> Option<u32> {
+    let serving = members
+        .iter()
+        .find(|m| m.pod == primary && m.serves_as_primary())
+        .and_then(|m| m.observed.timeline);
+    cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.timeline)
+        .max(serving)
 }
 
 /// What to do about the primary. Nothing before the cluster was initialised:
@@ -571,7 +592,8 @@ fn decide(
             recheck: Duration::from_secs(10),
         };
     }
-    failover::decide(primary, members, not_serving_for, policy, now)
+    let timeline = cluster.status.as_ref().and_then(|s| s.timeline);
+    failover::decide(primary, members, timeline, not_serving_for, policy, now)
 }
 
 /// The failover policy the spec asks for.
@@ -1548,6 +1570,34 @@ mod tests {
 
         assert_eq!(after.last_failover, Some(next));
         assert_eq!(after.current_primary.as_deref(), Some("orders-2"));
+    }
+
+    #[test]
+    fn the_clusters_timeline_is_the_newest_a_serving_primary_reported() {
+        use cairn_api::database::instance::ObservedState;
+        let report = |pod: &str, role: &str, ready: bool, timeline: u32| Member {
+            pod: pod.to_owned(),
+            observed: ObservedState {
+                ready,
+                role: Some(role.to_owned()),
+                timeline: Some(timeline),
+                ..ObservedState::default()
+            },
+            ..Member::default()
+        };
+        let mut before = cluster("orders-1");
+        assert_eq!(cluster_timeline(&before, "orders-1", &[]), None);
+        let serving = [report("orders-1", "primary", true, 2)];
+        assert_eq!(cluster_timeline(&before, "orders-1", &serving), Some(2));
+        before.status.as_mut().expect("status").timeline = Some(2);
+        // Promoted but still in recovery on the old timeline: not yet news.
+        let promoting = [report("orders-2", "replica", true, 2)];
+        assert_eq!(cluster_timeline(&before, "orders-2", &promoting), Some(2));
+        let promoted = [report("orders-2", "primary", true, 3)];
+        assert_eq!(cluster_timeline(&before, "orders-2", &promoted), Some(3));
+        // A replica's report, however new, is not the cluster's timeline.
+        let replica = [report("orders-0", "replica", true, 7)];
+        assert_eq!(cluster_timeline(&before, "orders-1", &replica), Some(2));
     }
 
     #[test]
