@@ -528,9 +528,9 @@ pub struct DatabaseClusterStatus {
     /// initdb, whatever happens to its volume.
     #[serde(default, skip_serializing_if = "is_false")]
     pub initialized: bool,
-    /// The newest PostgreSQL timeline a serving primary of this cluster
-    /// reported. A failover never promotes a replica on an older timeline:
-    /// it lacks every write since this one began.
+    /// The PostgreSQL timeline the serving primary reports (kept while none
+    /// serves). A failover promotes no replica on an older timeline: it
+    /// lacks every write since this one began.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeline: Option<u32>,
     /// The last automated failover.

@@ -579,6 +579,7 @@ mod tests {
         // would have lost every write of timelines 2 and 3.
         let mut restarting = member("db-1", 1, "replica", 2, "0/40274C0");
         restarting.observed.role = None;
+        restarting.observed.timeline = None;
         let members = [
             member("db-0", 11, "primary", 3, "0/4030000"),
             restarting,

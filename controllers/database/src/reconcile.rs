@@ -540,19 +540,15 @@ fn is_initialized(cluster: &DatabaseCluster, primary: &str, members: &[Member]) 
             .any(|m| m.pod == primary && m.serves_as_primary())
 }
 
-/// The newest timeline a serving primary reported, the status's or the
-/// primary's own now: a promotion's new timeline is recorded once the
-/// promoted instance serves on it.
+/// The timeline the serving primary reports, else the last one recorded:
+/// a promotion's new timeline is recorded once the promoted instance serves
+/// on it, and kept while no primary serves.
 fn cluster_timeline(cluster: &DatabaseCluster, primary: &str, members: &[Member]) -> Option<u32> {
-    let serving = members
+    members
         .iter()
         .find(|m| m.pod == primary && m.serves_as_primary())
-        .and_then(|m| m.observed.timeline);
-    cluster
-        .status
-        .as_ref()
-        .and_then(|s| s.timeline)
-        .max(serving)
+        .and_then(|m| m.observed.timeline)
+        .or_else(|| cluster.status.as_ref().and_then(|s| s.timeline))
 }
 
 /// What to do about the primary. Nothing before the cluster was initialised:
@@ -1573,7 +1569,7 @@ mod tests {
     }
 
     #[test]
-    fn the_clusters_timeline_is_the_newest_a_serving_primary_reported() {
+    fn the_clusters_timeline_is_the_one_its_serving_primary_reports() {
         use cairn_api::database::instance::ObservedState;
         let report = |pod: &str, role: &str, ready: bool, timeline: u32| Member {
             pod: pod.to_owned(),
@@ -1598,6 +1594,9 @@ mod tests {
         // A replica's report, however new, is not the cluster's timeline.
         let replica = [report("orders-0", "replica", true, 7)];
         assert_eq!(cluster_timeline(&before, "orders-1", &replica), Some(2));
+        // Volumes restored in place: the primary's word, not the old record.
+        let restored = [report("orders-1", "primary", true, 1)];
+        assert_eq!(cluster_timeline(&before, "orders-1", &restored), Some(1));
     }
 
     #[test]

@@ -42,15 +42,17 @@ impl FromStr for Role {
 pub struct Sample {
     pub in_recovery: bool,
     pub server_version: String,
-    /// A replica's: the timeline it receives, or, with no WAL receiver (its
-    /// primary restarting), the latest of its WAL files up to its replay
-    /// position whose files begin at that timeline's switch point (it
-    /// streamed that timeline from the switch, as a follower does; a forked
-    /// replica's receiver may have written a file of the new timeline past
-    /// the switch only), else its last restartpoint's. That restartpoint's
-    /// timeline alone can be one behind after a switchover, which would read
-    /// as a history forked off the primary's and clone the replica again
-    /// for nothing.
+    /// A primary's: the timeline it writes (its last checkpoint's names the
+    /// one before a promotion until the spread checkpoint after it ends,
+    /// minutes on a busy server). A replica's: the timeline it receives, or,
+    /// with no WAL receiver (its primary restarting), the latest of its WAL
+    /// files up to its replay position whose files begin at that timeline's
+    /// switch point (it streamed that timeline from the switch, as a
+    /// follower does; a forked replica's receiver may have written a file of
+    /// the new timeline past the switch only), else its last restartpoint's.
+    /// That restartpoint's timeline alone can be one behind after a
+    /// switchover, which would read as a history forked off the primary's
+    /// and clone the replica again for nothing.
     pub timeline: Option<u32>,
     /// `X/Y`: current (primary) or last replayed (replica).
     pub wal_position: Option<String>,
@@ -104,7 +106,7 @@ SELECT pg_is_in_recovery(),
                                                            || '.history', 0, 1048576, true), E'\\n')
                                               FROM E'([0-9A-F]+/[0-9A-F]+)\\t[^\\n]*$')::pg_lsn - '0/0')
                                           / segment.size))))
-            ELSE (SELECT timeline_id FROM pg_control_checkpoint()) END,
+            ELSE ('x' || substr(pg_walfile_name(lsn), 1, 8))::bit(32)::int END,
        lsn::text,
        (lsn - '0/0')::bigint,
        extract(epoch FROM (SELECT checkpoint_time FROM pg_control_checkpoint()))::float8,

@@ -151,10 +151,11 @@ impl Supervisor {
                         }
                     }
                     reclone = restart.reclone;
-                    // Postgres ran until asked to stop: failures before it
-                    // are over. Without this, a demoted primary that cannot
-                    // reach its new primary yet waited up to 30 s between
-                    // attempts, counting the failed clones of its first start.
+                    // A restart asked for is no failure, and postgres did
+                    // start: the failures before it are over. Otherwise a
+                    // demoted primary that cannot reach its new primary yet
+                    // waited up to 30 s between attempts, counting the
+                    // failed clones of its first start.
                     backoff.reset();
                     continue;
                 }
