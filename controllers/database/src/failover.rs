@@ -63,6 +63,13 @@ impl Member {
     }
 }
 
+/// The member `pod`, if it serves writes as the primary.
+pub fn serving<'a>(members: &'a [Member], pod: &str) -> Option<&'a Member> {
+    members
+        .iter()
+        .find(|m| m.pod == pod && m.serves_as_primary())
+}
+
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Policy {
     /// How long the primary may be silent, or not serving, before it is lost.
@@ -127,7 +134,7 @@ pub fn cautious(policy: Policy, instances: usize) -> Policy {
 }
 
 /// Decides for a cluster whose current primary is `primary`.
-/// `timeline`: the newest timeline a primary of the cluster reported (the
+/// `timeline`: the cluster's, as its serving primary last reported it (the
 /// status keeps it).
 /// `not_serving_for`: how long the controller has seen the primary heartbeat
 /// while not serving (postgres down, bootstrap refused...).

@@ -393,7 +393,7 @@ struct Roles {
     /// The primary serves and no switchover is under way: a rollout may
     /// restart an instance.
     steady: bool,
-    /// The newest timeline a serving primary reported.
+    /// The timeline the serving primary reports, else the recorded one.
     timeline: Option<u32>,
 }
 
@@ -460,9 +460,7 @@ async fn assign_roles(
     label_roles(ctx, cluster, pods, labelled_primary, initialized).await?;
     if let Some(record) = last_failover.as_mut()
         && record.completed_at.is_none()
-        && members
-            .iter()
-            .any(|m| m.pod == record.to && m.serves_as_primary())
+        && failover::serving(members, &record.to).is_some()
     {
         record.completed_at = Some(now.clone());
         let took = now.0.duration_since(record.primary_last_seen.0);
@@ -535,18 +533,14 @@ fn members(ctx: &Context, cluster: &DatabaseCluster) -> Vec<Member> {
 /// Initialised: once a primary has served, and for ever after.
 fn is_initialized(cluster: &DatabaseCluster, primary: &str, members: &[Member]) -> bool {
     cluster.status.as_ref().is_some_and(|s| s.initialized)
-        || members
-            .iter()
-            .any(|m| m.pod == primary && m.serves_as_primary())
+        || failover::serving(members, primary).is_some()
 }
 
 /// The timeline the serving primary reports, else the last one recorded:
 /// a promotion's new timeline is recorded once the promoted instance serves
 /// on it, and kept while no primary serves.
 fn cluster_timeline(cluster: &DatabaseCluster, primary: &str, members: &[Member]) -> Option<u32> {
-    members
-        .iter()
-        .find(|m| m.pod == primary && m.serves_as_primary())
+    failover::serving(members, primary)
         .and_then(|m| m.observed.timeline)
         .or_else(|| cluster.status.as_ref().and_then(|s| s.timeline))
 }
@@ -562,9 +556,7 @@ fn decide(
     now: Timestamp,
 ) -> Decision {
     let key = key(cluster);
-    let serving = members
-        .iter()
-        .any(|m| m.pod == primary && m.serves_as_primary());
+    let serving = failover::serving(members, primary).is_some();
     let not_serving_for = {
         let mut since = ctx
             .not_serving_since
@@ -814,9 +806,7 @@ async fn switch_over(
     if let Some(done) = record.as_mut()
         && done.promoted_at.is_some()
         && done.completed_at.is_none()
-        && members
-            .iter()
-            .any(|m| m.pod == done.to && m.serves_as_primary())
+        && failover::serving(members, &done.to).is_some()
     {
         let took = now.0.duration_since(done.started_at.0).as_secs_f64();
         done.completed_at = Some(now.clone());

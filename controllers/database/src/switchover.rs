@@ -49,9 +49,7 @@ pub fn next(
     if !(member.observed.ready && member.observed.role.as_deref() == Some(ROLE_REPLICA)) {
         return Step::Refuse(format!("{target} is not a ready replica"));
     }
-    let serving = members
-        .iter()
-        .any(|m| m.pod == primary && m.serves_as_primary());
+    let serving = crate::failover::serving(members, primary).is_some();
     if !serving {
         return Step::Refuse(format!(
             "the primary {primary} is not serving: a failover, not a switchover, replaces it"
