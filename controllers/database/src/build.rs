@@ -382,10 +382,11 @@ pub fn instance_role_binding(cluster: &DatabaseCluster) -> RoleBinding {
     }
 }
 
-/// At most one instance down at a time through voluntary disruptions; a
-/// single-instance cluster can still be drained.
-pub fn disruption_budget(cluster: &DatabaseCluster) -> PodDisruptionBudget {
-    PodDisruptionBudget {
+/// At most one instance down at a time through voluntary disruptions. None
+/// for a single instance: a budget of one unavailable pod would allow every
+/// eviction there, so it would be an object (and a write) that does nothing.
+pub fn disruption_budget(cluster: &DatabaseCluster) -> Option<PodDisruptionBudget> {
+    (cluster.spec.instances > 1).then(|| PodDisruptionBudget {
         metadata: metadata(cluster, &cluster.name_any(), "database"),
         spec: Some(PodDisruptionBudgetSpec {
             max_unavailable: Some(IntOrString::Int(1)),
@@ -396,7 +397,7 @@ pub fn disruption_budget(cluster: &DatabaseCluster) -> PodDisruptionBudget {
             ..PodDisruptionBudgetSpec::default()
         }),
         ..PodDisruptionBudget::default()
-    }
+    })
 }
 
 /// The instances. Replicas and parameters change here. Claim templates are
@@ -777,10 +778,16 @@ mod tests {
             service_account(&cluster).metadata,
             instance_role(&cluster).metadata,
             instance_role_binding(&cluster).metadata,
-            disruption_budget(&cluster).metadata,
             stateful_set(&cluster, None).metadata,
         ];
         children.extend(services(&cluster).map(|s| s.metadata));
+        let mut single = cluster.clone();
+        single.spec.instances = 1;
+        assert!(disruption_budget(&single).is_none());
+        let mut replicated = cluster.clone();
+        replicated.spec.instances = 2;
+        children.extend(disruption_budget(&replicated).map(|b| b.metadata));
+        assert_eq!(children.len(), 10);
         for meta in children {
             let owner = &meta.owner_references.expect("owned")[0];
             assert_eq!(

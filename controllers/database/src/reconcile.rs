@@ -988,13 +988,10 @@ async fn apply_children(ctx: &Context, cluster: &DatabaseCluster) -> Result<Stat
     for service in build::services(cluster) {
         apply_child(ctx, cluster, &caches.services, service).await?;
     }
-    apply_child(
-        ctx,
-        cluster,
-        &caches.disruption_budgets,
-        build::disruption_budget(cluster),
-    )
-    .await?;
+    match build::disruption_budget(cluster) {
+        Some(budget) => drop(apply_child(ctx, cluster, &caches.disruption_budgets, budget).await?),
+        None => delete_child(ctx, cluster, &caches.disruption_budgets).await?,
+    }
     for lease in build::member_leases(cluster) {
         apply_child(ctx, cluster, &caches.leases, lease).await?;
     }
@@ -1009,6 +1006,35 @@ async fn apply_children(ctx: &Context, cluster: &DatabaseCluster) -> Result<Stat
         existing.as_deref().and_then(build::claim_templates),
     );
     apply_child(ctx, cluster, &caches.stateful_sets, desired).await
+}
+
+/// Deletes the cached child of the cluster's name that it no longer needs
+/// (the disruption budget of a cluster scaled down to one instance); one
+/// that another object owns is left alone.
+async fn delete_child<K>(
+    ctx: &Context,
+    cluster: &DatabaseCluster,
+    cache: &Store<K>,
+) -> Result<(), Error>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let namespace = cluster.namespace().unwrap_or_default();
+    let Some(child) = cache.get(&ObjectRef::new(&cluster.name_any()).within(&namespace)) else {
+        return Ok(());
+    };
+    let owned = child
+        .owner_references()
+        .iter()
+        .any(|o| Some(&o.uid) == cluster.metadata.uid.as_ref());
+    if owned && child.meta().deletion_timestamp.is_none() {
+        let api = Api::<K>::namespaced(ctx.client.clone(), &namespace);
+        delete_exactly(&api, &child.name_any(), child.uid(), None).await?;
+    }
+    Ok(())
 }
 
 /// Deletes a StatefulSet whose immutable fields must change, leaving its

@@ -197,9 +197,11 @@ async fn a_cluster_is_created_scaled_grown_reconfigured_repaired_and_deleted() -
     );
     let secrets_before = passwords(&namespace, "orders").await?;
 
-    // Scaled through the scale subresource: up to 5, down to 2 (the highest
-    // ordinals go; the primary stays).
-    for (replicas, expected) in [("5", 5), ("2", 2)] {
+    // Scaled through the scale subresource: up to 5, down to 1, up to 2 (the
+    // highest ordinals go; the primary stays). A single instance has no
+    // disruption budget: it would allow every eviction anyway.
+    let budgets = namespace.api::<PodDisruptionBudget>();
+    for (replicas, expected) in [("5", 5), ("1", 1), ("2", 2)] {
         cluster()
             .kubectl(&[
                 "scale",
@@ -210,6 +212,11 @@ async fn a_cluster_is_created_scaled_grown_reconfigured_repaired_and_deleted() -
             ])
             .await?;
         until_ready(&clusters, "orders", expected).await?;
+        if expected == 1 {
+            wait::for_deletion(&budgets, "orders", LONG).await?;
+        } else {
+            wait::for_object(&budgets, "orders", "present", LONG, |_| true).await?;
+        }
     }
     wait::until("pods orders-2..4 gone", LONG, || async {
         let names: Vec<String> = pods(&namespace, "orders")
