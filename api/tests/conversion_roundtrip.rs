@@ -129,7 +129,6 @@ prop_compose! {
         version in option::of(word()),
         initialized in any::<bool>(),
         timeline in option::of(1u32..100),
-        branch in option::of((1u32..100, word())),
         failover in option::of((word(), word(), word())),
     ) -> Value {
         json!({
@@ -138,7 +137,6 @@ prop_compose! {
             "endpoints": endpoints.map(|(rw, ro)| json!({ "readWrite": rw, "readOnly": ro })),
             "credentialsSecret": secret, "postgresVersion": version,
             "initialized": initialized, "timeline": timeline,
-            "timelineBranch": branch.map(|(parent, at)| json!({ "parent": parent, "at": at })),
             "lastFailover": failover.map(|(from, to, reason)| json!({
                 "from": from, "to": to, "reason": reason,
                 "primaryLastSeen": "2026-01-02T03:04:05Z", "promotedAt": "2026-01-02T03:04:15Z",

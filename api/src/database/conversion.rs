@@ -72,8 +72,6 @@ struct StatusExtras {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     timeline: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    timeline_branch: Option<v1::TimelineBranch>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     last_failover: Option<v1::FailoverRecord>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     last_switchover: Option<v1::SwitchoverRecord>,
@@ -141,7 +139,6 @@ pub fn to_v1alpha1(
                 postgres_version: status.postgres_version,
                 initialized: status.initialized,
                 timeline: status.timeline,
-                timeline_branch: status.timeline_branch,
                 last_failover: status.last_failover,
                 last_switchover: status.last_switchover,
                 restored_from: status.restored_from,
@@ -199,7 +196,6 @@ pub fn to_v1(cluster: v1alpha1::DatabaseCluster) -> Result<v1::DatabaseCluster, 
             postgres_version: status_extras.postgres_version,
             initialized: status_extras.initialized,
             timeline: status_extras.timeline,
-            timeline_branch: status_extras.timeline_branch,
             last_failover: status_extras.last_failover,
             last_switchover: status_extras.last_switchover,
             restored_from: status_extras.restored_from,

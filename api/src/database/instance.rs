@@ -101,9 +101,6 @@ pub struct ObservedState {
     pub role: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeline: Option<u32>,
-    /// A primary's: where its timeline branched off its parent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timeline_branch: Option<super::v1::TimelineBranch>,
     /// Current WAL position (primary) or last replayed (replica), as `X/Y`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wal_position: Option<String>,

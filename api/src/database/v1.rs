@@ -533,11 +533,6 @@ pub struct DatabaseClusterStatus {
     /// lacks every write since this one began.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeline: Option<u32>,
-    /// Where `timeline` branched off its parent. A replica on the parent
-    /// that received no WAL past that point holds the timeline's history up
-    /// to its start, and may be promoted.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timeline_branch: Option<TimelineBranch>,
     /// The last automated failover.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failover: Option<FailoverRecord>,
@@ -595,17 +590,6 @@ pub struct SwitchoverRecord {
     /// Seconds without a primary taking writes, from `startedAt` to `completedAt`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub write_unavailable_seconds: Option<f64>,
-}
-
-/// Where a timeline branched off its parent (the last line of its
-/// `.history` file): WAL of the parent up to `at` is common to both.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct TimelineBranch {
-    /// The timeline it branched off.
-    pub parent: u32,
-    /// The switch point, as `X/Y`.
-    pub at: String,
 }
 
 /// An automated failover: which pod lost the primary role, which got it, and when.

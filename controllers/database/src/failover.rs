@@ -6,7 +6,6 @@ use std::time::Duration;
 use cairn_api::database::instance::{
     FENCED_ANNOTATION, OBSERVED_ANNOTATION, ObservedState, ROLE_PRIMARY, ROLE_REPLICA, parse_lsn,
 };
-use cairn_api::database::v1::TimelineBranch;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -135,14 +134,14 @@ pub fn cautious(policy: Policy, instances: usize) -> Policy {
 }
 
 /// Decides for a cluster whose current primary is `primary`.
-/// `history`: the cluster's timeline as its serving primary last reported
-/// it (the status keeps it).
+/// `timeline`: the cluster's, as its serving primary last reported it (the
+/// status keeps it).
 /// `not_serving_for`: how long the controller has seen the primary heartbeat
 /// while not serving (postgres down, bootstrap refused...).
 pub fn decide(
     primary: &str,
     members: &[Member],
-    history: Option<History>,
+    timeline: Option<u32>,
     not_serving_for: Option<Duration>,
     policy: Policy,
     now: Timestamp,
@@ -210,15 +209,12 @@ pub fn decide(
     // since that timeline began, however recent its report (a replica that
     // replayed the old primary's WAL past the switch cannot follow at all):
     // promoting it would lose them all, not only the last unreplicated
-    // ones. It becomes a candidate once it follows the current timeline,
-    // or at once if it is on the parent and received nothing past the
-    // switch (its WAL is a prefix of the cluster's history).
-    let history = History::newest(history, current);
+    // ones. It becomes a candidate once it follows the current timeline.
+    let timeline = timeline.max(current.and_then(|m| m.observed.timeline));
     let (current_timeline, behind): (Vec<&Member>, Vec<&Member>) = candidates
         .iter()
-        .partition(|m| history.as_ref().is_none_or(|h| h.holds(m)));
+        .partition(|m| m.observed.timeline >= timeline);
     if current_timeline.is_empty() {
-        let timeline = history.map(|h| h.timeline);
         let behind = behind
             .iter()
             .map(|m| format!("{} on {}", m.pod, timeline_name(m.observed.timeline)))
@@ -277,44 +273,6 @@ pub fn decide(
             primary_last_seen: current.and_then(|m| m.last_seen).unwrap_or(now),
         },
         None => Decision::Wait { reason, recheck },
-    }
-}
-
-/// The cluster's timeline, and where it branched off its parent.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct History {
-    pub timeline: u32,
-    pub branch: Option<TimelineBranch>,
-}
-
-impl History {
-    pub fn of(timeline: Option<u32>, branch: Option<&TimelineBranch>) -> Option<Self> {
-        Some(Self {
-            timeline: timeline?,
-            branch: branch.cloned(),
-        })
-    }
-
-    /// The recorded history, or the lost primary's last report if newer.
-    fn newest(recorded: Option<Self>, primary: Option<&Member>) -> Option<Self> {
-        let reported = primary
-            .and_then(|m| Self::of(m.observed.timeline, m.observed.timeline_branch.as_ref()));
-        match (recorded, reported) {
-            (Some(r), Some(p)) if p.timeline > r.timeline => Some(p),
-            (None, p) => p,
-            (r, _) => r,
-        }
-    }
-
-    /// Whether `member` holds this history up to its own position. One on
-    /// the parent must report a position: an unknown one proves nothing.
-    fn holds(&self, member: &Member) -> bool {
-        let timeline = member.observed.timeline;
-        timeline >= Some(self.timeline)
-            || self.branch.as_ref().is_some_and(|branch| {
-                timeline == Some(branch.parent)
-                    && parse_lsn(&branch.at).is_some_and(|at| (1..=at).contains(&member.received()))
-            })
     }
 }
 
@@ -634,7 +592,7 @@ mod tests {
             restarting,
             member("db-2", 1, "replica", 1, "0/4022B78"),
         ];
-        let decision = decide("db-0", &members, at(3), None, POLICY, now());
+        let decision = decide("db-0", &members, Some(3), None, POLICY, now());
         assert!(
             matches!(&decision, Decision::Wait { reason, .. }
                 if reason.contains("cluster's timeline 3 (db-2 on timeline 1)")),
@@ -645,67 +603,14 @@ mod tests {
         let mut silent = members.clone();
         silent[0].observed.timeline = None;
         assert!(matches!(
-            decide("db-0", &silent, at(3), None, POLICY, now()),
+            decide("db-0", &silent, Some(3), None, POLICY, now()),
             Decision::Wait { .. }
         ));
         // Once db-1 follows timeline 3, it is promoted, though db-2 reports more WAL.
         let mut following = members.clone();
         following[1] = member("db-1", 1, "replica", 3, "0/4020000");
         assert_eq!(
-            promoted(&decide("db-0", &following, at(3), None, POLICY, now())),
-            Some("db-1")
-        );
-    }
-
-    fn at(timeline: u32) -> Option<History> {
-        History::of(Some(timeline), None)
-    }
-
-    #[test]
-    fn a_replica_on_the_parent_timeline_up_to_the_switch_may_be_promoted() {
-        // db-0 was promoted to timeline 3 at 0/5000000 and lost before any
-        // replica followed it: db-1 stopped at the switch (the demoted
-        // primary), db-2 received past it (forked), db-3 is on timeline 1.
-        let branch = TimelineBranch {
-            parent: 2,
-            at: "0/5000000".to_owned(),
-        };
-        let history = History::of(Some(3), Some(&branch));
-        let members = [
-            member("db-0", 11, "primary", 3, "0/5001000"),
-            member("db-1", 1, "replica", 2, "0/5000000"),
-            member("db-2", 1, "replica", 2, "0/5000100"),
-            member("db-3", 1, "replica", 1, "0/4000000"),
-        ];
-        assert_eq!(
-            promoted(&decide(
-                "db-0",
-                &members,
-                history.clone(),
-                None,
-                POLICY,
-                now()
-            )),
-            Some("db-1")
-        );
-        let forked = [members[0].clone(), members[2].clone(), members[3].clone()];
-        assert!(matches!(
-            decide("db-0", &forked, history.clone(), None, POLICY, now()),
-            Decision::Wait { .. }
-        ));
-        // A replica on the parent that reports no position proves nothing.
-        let mut unknown = members.clone();
-        unknown[1].observed.received_position = None;
-        unknown[1].observed.wal_position = None;
-        assert!(matches!(
-            decide("db-0", &unknown[..2], history.clone(), None, POLICY, now()),
-            Decision::Wait { .. }
-        ));
-        // The lost primary's own report counts when the status has none yet.
-        let mut reporting = members.clone();
-        reporting[0].observed.timeline_branch = Some(branch);
-        assert_eq!(
-            promoted(&decide("db-0", &reporting, at(2), None, POLICY, now())),
+            promoted(&decide("db-0", &following, Some(3), None, POLICY, now())),
             Some("db-1")
         );
     }

@@ -38,7 +38,7 @@ use serde_json::json;
 use crate::MANAGER;
 use crate::build::{self, Names, ROLE_LABEL, ROLE_PRIMARY, ROLE_REPLICA};
 use crate::error::Error;
-use crate::failover::{self, Decision, History, Member, Policy, Quorum};
+use crate::failover::{self, Decision, Member, Policy, Quorum};
 use crate::leftovers;
 use crate::metrics::ClusterMetrics;
 use crate::restore;
@@ -288,7 +288,7 @@ pub async fn reconcile(cluster: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Resu
     let blocked_storage = grow_storage(&ctx, &cluster).await?;
     let mut observed = status::observe(&cluster, instances, &roles.primary, &now);
     observed.initialized = roles.initialized;
-    record_history(&mut observed, roles.history);
+    observed.timeline = roles.timeline;
     observed.postgres_version = members
         .iter()
         .find(|m| m.pod == roles.primary)
@@ -393,8 +393,8 @@ struct Roles {
     /// The primary serves and no switchover is under way: a rollout may
     /// restart an instance.
     steady: bool,
-    /// The cluster's timeline as its serving primary last reported it.
-    history: Option<History>,
+    /// The timeline the serving primary reports, else the recorded one.
+    timeline: Option<u32>,
 }
 
 /// The membership step: a requested switchover's next step, else a
@@ -455,7 +455,7 @@ async fn assign_roles(
         }
     };
     let initialized = is_initialized(cluster, &primary, members);
-    let history = cluster_history(cluster, &primary, members);
+    let timeline = cluster_timeline(cluster, &primary, members);
     let labelled_primary = (!switching.demoted).then_some(primary.as_str());
     label_roles(ctx, cluster, pods, labelled_primary, initialized).await?;
     if let Some(record) = last_failover.as_mut()
@@ -476,7 +476,7 @@ async fn assign_roles(
         waiting,
         recheck,
         steady,
-        history,
+        timeline,
     })
 }
 
@@ -501,7 +501,7 @@ async fn keep_serving(
     let policy = failover::cautious(failover_policy(cluster), instances);
     let roles = assign_roles(ctx, cluster, &members, &pods, None, policy, now).await?;
     observed.current_primary = Some(roles.primary);
-    record_history(observed, roles.history);
+    observed.timeline = roles.timeline;
     status::failover(observed, cluster, roles.last_failover, roles.waiting, now);
     observed.last_switchover = roles.switching.record;
     Ok(())
@@ -539,24 +539,10 @@ fn is_initialized(cluster: &DatabaseCluster, primary: &str, members: &[Member]) 
 /// The timeline the serving primary reports, else the last one recorded:
 /// a promotion's new timeline is recorded once the promoted instance serves
 /// on it, and kept while no primary serves.
-fn cluster_history(
-    cluster: &DatabaseCluster,
-    primary: &str,
-    members: &[Member],
-) -> Option<History> {
-    let serving = failover::serving(members, primary)
-        .and_then(|m| History::of(m.observed.timeline, m.observed.timeline_branch.as_ref()));
-    serving.or_else(|| recorded_history(cluster))
-}
-
-fn record_history(status: &mut DatabaseClusterStatus, history: Option<History>) {
-    status.timeline = history.as_ref().map(|h| h.timeline);
-    status.timeline_branch = history.and_then(|h| h.branch);
-}
-
-fn recorded_history(cluster: &DatabaseCluster) -> Option<History> {
-    let status = cluster.status.as_ref()?;
-    History::of(status.timeline, status.timeline_branch.as_ref())
+fn cluster_timeline(cluster: &DatabaseCluster, primary: &str, members: &[Member]) -> Option<u32> {
+    failover::serving(members, primary)
+        .and_then(|m| m.observed.timeline)
+        .or_else(|| cluster.status.as_ref().and_then(|s| s.timeline))
 }
 
 /// What to do about the primary. Nothing before the cluster was initialised:
@@ -594,8 +580,8 @@ fn decide(
             recheck: Duration::from_secs(10),
         };
     }
-    let history = recorded_history(cluster);
-    failover::decide(primary, members, history, not_serving_for, policy, now)
+    let timeline = cluster.status.as_ref().and_then(|s| s.timeline);
+    failover::decide(primary, members, timeline, not_serving_for, policy, now)
 }
 
 /// The failover policy the spec asks for.
@@ -989,7 +975,9 @@ async fn apply_children(ctx: &Context, cluster: &DatabaseCluster) -> Result<Stat
         apply_child(ctx, cluster, &caches.services, service).await?;
     }
     match build::disruption_budget(cluster) {
-        Some(budget) => drop(apply_child(ctx, cluster, &caches.disruption_budgets, budget).await?),
+        Some(budget) => {
+            apply_child(ctx, cluster, &caches.disruption_budgets, budget).await?;
+        }
         None => delete_child(ctx, cluster, &caches.disruption_budgets).await?,
     }
     for lease in build::member_leases(cluster) {
@@ -1598,10 +1586,6 @@ mod tests {
         assert_eq!(after.current_primary.as_deref(), Some("orders-2"));
     }
 
-    fn timeline(cluster: &DatabaseCluster, primary: &str, members: &[Member]) -> Option<u32> {
-        cluster_history(cluster, primary, members).map(|h| h.timeline)
-    }
-
     #[test]
     fn the_clusters_timeline_is_the_one_its_serving_primary_reports() {
         use cairn_api::database::instance::ObservedState;
@@ -1616,21 +1600,21 @@ mod tests {
             ..Member::default()
         };
         let mut before = cluster("orders-1");
-        assert_eq!(timeline(&before, "orders-1", &[]), None);
+        assert_eq!(cluster_timeline(&before, "orders-1", &[]), None);
         let serving = [report("orders-1", "primary", true, 2)];
-        assert_eq!(timeline(&before, "orders-1", &serving), Some(2));
+        assert_eq!(cluster_timeline(&before, "orders-1", &serving), Some(2));
         before.status.as_mut().expect("status").timeline = Some(2);
         // Promoted but still in recovery on the old timeline: not yet news.
         let promoting = [report("orders-2", "replica", true, 2)];
-        assert_eq!(timeline(&before, "orders-2", &promoting), Some(2));
+        assert_eq!(cluster_timeline(&before, "orders-2", &promoting), Some(2));
         let promoted = [report("orders-2", "primary", true, 3)];
-        assert_eq!(timeline(&before, "orders-2", &promoted), Some(3));
+        assert_eq!(cluster_timeline(&before, "orders-2", &promoted), Some(3));
         // A replica's report, however new, is not the cluster's timeline.
         let replica = [report("orders-0", "replica", true, 7)];
-        assert_eq!(timeline(&before, "orders-1", &replica), Some(2));
+        assert_eq!(cluster_timeline(&before, "orders-1", &replica), Some(2));
         // Volumes restored in place: the primary's word, not the old record.
         let restored = [report("orders-1", "primary", true, 1)];
-        assert_eq!(timeline(&before, "orders-1", &restored), Some(1));
+        assert_eq!(cluster_timeline(&before, "orders-1", &restored), Some(1));
     }
 
     #[test]

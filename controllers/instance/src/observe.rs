@@ -5,8 +5,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use cairn_api::database::instance::{ROLE_PRIMARY, ROLE_REPLICA, parse_lsn};
-use cairn_api::database::v1::TimelineBranch;
+use cairn_api::database::instance::{ROLE_PRIMARY, ROLE_REPLICA};
 use serde::Serialize;
 use tokio_postgres::{Client, Statement};
 
@@ -72,9 +71,6 @@ pub struct Sample {
     pub pending_restart: Vec<String>,
     /// A replica's last WAL position received (`X/Y`); None on a primary.
     pub received_position: Option<String>,
-    /// A primary's: where its timeline branched off its parent (none on
-    /// timeline 1, or with its history file missing).
-    pub timeline_branch: Option<TimelineBranch>,
 }
 
 /// Everything a poll reads, in one statement (prepared once per session, so
@@ -122,11 +118,7 @@ SELECT pg_is_in_recovery(),
        ARRAY(SELECT state FROM sessions ORDER BY state),
        ARRAY(SELECT n FROM sessions ORDER BY state),
        ARRAY(SELECT name::text FROM pg_settings WHERE pending_restart ORDER BY name),
-       pg_last_wal_receive_lsn()::text,
-       CASE WHEN NOT pg_is_in_recovery()
-            THEN substring(rtrim(pg_read_file('pg_wal/' || substr(pg_walfile_name(lsn), 1, 8)
-                                              || '.history', 0, 1048576, true), E'\\n')
-                           FROM E'[^\\n]*$') END
+       pg_last_wal_receive_lsn()::text
 FROM position";
 
 const DATABASE_SIZES: &str =
@@ -161,7 +153,6 @@ impl Session {
             connections: states.into_iter().zip(counts).collect(),
             pending_restart: row.get(11),
             received_position: row.get(12),
-            timeline_branch: row.get::<_, Option<String>>(13).as_deref().and_then(branch),
         })
     }
 
@@ -171,18 +162,6 @@ impl Session {
         let rows = self.client.query(DATABASE_SIZES, &[]).await?;
         Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
     }
-}
-
-/// A history file's line: `<parent>\t<switch point>\t<reason>`.
-fn branch(line: &str) -> Option<TimelineBranch> {
-    let mut fields = line.split('\t');
-    let parent = fields.next()?.trim().parse().ok()?;
-    let at = fields.next()?.trim();
-    parse_lsn(at)?;
-    Some(TimelineBranch {
-        parent,
-        at: at.to_owned(),
-    })
 }
 
 /// Limits on a replica's distance from its primary.
@@ -233,20 +212,6 @@ pub fn readiness(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_history_line_gives_the_parent_and_the_switch_point() {
-        assert_eq!(
-            branch("2\t0/4027538\tno recovery target specified"),
-            Some(TimelineBranch {
-                parent: 2,
-                at: "0/4027538".to_owned()
-            })
-        );
-        assert_eq!(branch(""), None);
-        assert_eq!(branch("2\tnot-an-lsn\treason"), None);
-        assert_eq!(branch("x\t0/1\treason"), None);
-    }
 
     const LIMITS: Limits = Limits {
         max_lag_bytes: 1000,

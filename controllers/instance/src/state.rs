@@ -5,7 +5,6 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use cairn_api::database::instance::{BackupProgress, ObservedState, WalArchiveState};
-use cairn_api::database::v1::TimelineBranch;
 use serde::Serialize;
 use tokio::sync::watch;
 
@@ -42,8 +41,6 @@ pub struct Status {
     /// Why not ready.
     pub reason: Option<String>,
     pub timeline: Option<u32>,
-    /// A primary's: where its timeline branched off its parent.
-    pub timeline_branch: Option<TimelineBranch>,
     pub wal_position: Option<String>,
     pub replication_lag_bytes: Option<i64>,
     pub replication_lag_seconds: Option<f64>,
@@ -107,7 +104,6 @@ impl State {
                 ready: status.ready,
                 role: status.role.map(|r| r.to_string()),
                 timeline: status.timeline,
-                timeline_branch: status.timeline_branch.clone(),
                 wal_position: status.wal_position.clone(),
                 received_position: status.received_position.clone(),
                 server_version: status.server_version.clone(),
@@ -171,7 +167,6 @@ impl State {
                 }
             });
             s.timeline = sample.and_then(|x| x.timeline);
-            s.timeline_branch = sample.and_then(|x| x.timeline_branch.clone());
             s.wal_position = sample.and_then(|x| x.wal_position.clone());
             s.received_position = sample.and_then(|x| x.received_position.clone());
             s.replication_lag_bytes = sample.and_then(|x| x.lag_bytes);
