@@ -383,10 +383,12 @@ pub fn instance_role_binding(cluster: &DatabaseCluster) -> RoleBinding {
 }
 
 /// At most one instance down at a time through voluntary disruptions. None
-/// for a single instance: a budget of one unavailable pod would allow every
-/// eviction there, so it would be an object (and a write) that does nothing.
+/// once the StatefulSet keeps a single pod: a budget of one unavailable pod
+/// would allow every eviction there, so it would be an object (and a write)
+/// that does nothing. While a scale-down to one waits for a switchover, the
+/// pods it keeps are still protected.
 pub fn disruption_budget(cluster: &DatabaseCluster) -> Option<PodDisruptionBudget> {
-    (cluster.spec.instances > 1).then(|| PodDisruptionBudget {
+    (kept_instances(cluster) > 1).then(|| PodDisruptionBudget {
         metadata: metadata(cluster, &cluster.name_any(), "database"),
         spec: Some(PodDisruptionBudgetSpec {
             max_unavailable: Some(IntOrString::Int(1)),
@@ -784,6 +786,10 @@ mod tests {
         let mut single = cluster.clone();
         single.spec.instances = 1;
         assert!(disruption_budget(&single).is_none());
+        // Scaled down to one while the primary is still on a leaving pod.
+        let mut leaving = single.clone();
+        leaving.status.get_or_insert_default().current_primary = Some("orders-2".to_owned());
+        assert!(disruption_budget(&leaving).is_some());
         let mut replicated = cluster.clone();
         replicated.spec.instances = 2;
         children.extend(disruption_budget(&replicated).map(|b| b.metadata));
