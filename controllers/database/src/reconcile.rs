@@ -938,10 +938,16 @@ pub fn primary(cluster: &DatabaseCluster) -> String {
 
 /// The cluster's StatefulSet as the cache holds it.
 fn cached_stateful_set(ctx: &Context, cluster: &DatabaseCluster) -> Option<Arc<StatefulSet>> {
+    cached_child(&ctx.caches.stateful_sets, cluster)
+}
+
+/// The child of the cluster's own name in `cache`.
+fn cached_child<K>(cache: &Store<K>, cluster: &DatabaseCluster) -> Option<Arc<K>>
+where
+    K: Resource<DynamicType = ()> + Clone,
+{
     let namespace = cluster.namespace().unwrap_or_default();
-    ctx.caches
-        .stateful_sets
-        .get(&ObjectRef::new(&cluster.name_any()).within(&namespace))
+    cache.get(&ObjectRef::new(&cluster.name_any()).within(&namespace))
 }
 
 /// Applies every child that differs from its cached copy; returns the
@@ -1010,8 +1016,7 @@ where
         + serde::de::DeserializeOwned
         + std::fmt::Debug,
 {
-    let namespace = cluster.namespace().unwrap_or_default();
-    let Some(child) = cache.get(&ObjectRef::new(&cluster.name_any()).within(&namespace)) else {
+    let Some(child) = cached_child(cache, cluster) else {
         return Ok(());
     };
     let owned = child
@@ -1019,7 +1024,8 @@ where
         .iter()
         .any(|o| Some(&o.uid) == cluster.metadata.uid.as_ref());
     if owned && child.meta().deletion_timestamp.is_none() {
-        let api = Api::<K>::namespaced(ctx.client.clone(), &namespace);
+        let api =
+            Api::<K>::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default());
         delete_exactly(&api, &child.name_any(), child.uid(), None).await?;
     }
     Ok(())
