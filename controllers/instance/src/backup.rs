@@ -28,6 +28,7 @@ use tokio::sync::watch;
 
 use crate::children::Children;
 use crate::config::Config;
+use crate::error::sql_message;
 use crate::observe::Role;
 use crate::state::State;
 
@@ -376,7 +377,7 @@ impl Taker {
             let (client, connection) = config
                 .connect(tokio_postgres::NoTls)
                 .await
-                .map_err(|e| format!("connecting to this server: {e}"))?;
+                .map_err(|e| format!("connecting to this server: {}", sql_message(&e)))?;
             tokio::spawn(connection);
             client
         } else {
@@ -387,7 +388,7 @@ impl Taker {
                 .ssl_mode(tokio_postgres::config::SslMode::Require)
                 .connect(tls)
                 .await
-                .map_err(|e| format!("connecting to the primary {host}: {e}"))?;
+                .map_err(|e| format!("connecting to the primary {host}: {}", sql_message(&e)))?;
             tokio::spawn(connection);
             client
         };
@@ -395,11 +396,11 @@ impl Taker {
         client
             .execute("SELECT pg_create_restore_point($1)", &[&point])
             .await
-            .map_err(|e| format!("writing a restore point on {host}: {e}"))?;
+            .map_err(|e| format!("writing a restore point on {host}: {}", sql_message(&e)))?;
         let row = client
             .query_one("SELECT pg_walfile_name(pg_switch_wal())", &[])
             .await
-            .map_err(|e| format!("switching WAL files on {host}: {e}"))?;
+            .map_err(|e| format!("switching WAL files on {host}: {}", sql_message(&e)))?;
         Ok(row.get(0))
     }
 

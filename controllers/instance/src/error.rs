@@ -14,7 +14,7 @@ pub enum Error {
         source: std::io::Error,
     },
     /// A server refused or failed a request, or could not be reached.
-    #[error("{what}: {source}")]
+    #[error("{what}: {}", sql_message(source))]
     Sql {
         what: String,
         #[source]
@@ -61,5 +61,34 @@ impl<T> Context<T> for Result<T, tokio_postgres::Error> {
             what: what(),
             source,
         })
+    }
+}
+
+/// What the server said (tokio-postgres displays only "db error"), or why
+/// no session was made (tokio-postgres displays only "error connecting to
+/// server", without the "Connection refused" beneath it).
+pub fn sql_message(error: &tokio_postgres::Error) -> String {
+    if let Some(db) = error.as_db_error() {
+        return format!("{}: {}", db.severity(), db.message());
+    }
+    match std::error::Error::source(error) {
+        Some(cause) => format!("{error}: {cause}"),
+        None => error.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_refused_connection_says_why() {
+        let refused =
+            tokio_postgres::connect("host=127.0.0.1 port=1 user=x", tokio_postgres::NoTls)
+                .await
+                .err()
+                .expect("nothing listens on port 1");
+        let message = sql_message(&refused);
+        assert!(message.contains("Connection refused"), "{message}");
     }
 }

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use cairn_api::database::instance::{self as contract, VerificationReport};
 
 use crate::config::Config;
+use crate::error::sql_message;
 use crate::observe::Role;
 use crate::state::State;
 
@@ -74,7 +75,7 @@ async fn check(config: &Config) -> Result<(String, Option<String>), String> {
     let lsn = postgres
         .query_one("SELECT pg_last_wal_replay_lsn()::text", &[])
         .await
-        .map_err(|e| format!("reading the replay position: {}", sql_error(&e)))?
+        .map_err(|e| format!("reading the replay position: {}", sql_message(&e)))?
         .get::<_, Option<String>>(0);
     let databases: Vec<String> = postgres
         .query(
@@ -82,7 +83,7 @@ async fn check(config: &Config) -> Result<(String, Option<String>), String> {
             &[],
         )
         .await
-        .map_err(|e| format!("listing databases: {}", sql_error(&e)))?
+        .map_err(|e| format!("listing databases: {}", sql_message(&e)))?
         .iter()
         .map(|row| row.get(0))
         .collect();
@@ -133,7 +134,7 @@ async fn checker(superuser: &tokio_postgres::Client) -> Result<String, String> {
              PASSWORD '{verifier}' IN ROLE pg_read_all_data"
         ))
         .await
-        .map_err(|e| format!("creating the role of the check: {}", sql_error(&e)))?;
+        .map_err(|e| format!("creating the role of the check: {}", sql_message(&e)))?;
     Ok(password)
 }
 
@@ -151,14 +152,14 @@ async fn read_every_table(client: &tokio_postgres::Client) -> Result<(u64, u64),
             &[],
         )
         .await
-        .map_err(|e| format!("listing tables: {}", sql_error(&e)))?;
+        .map_err(|e| format!("listing tables: {}", sql_message(&e)))?;
     let mut rows = 0;
     for table in &tables {
         let name: String = table.get(0);
         let count: i64 = client
             .query_one(&format!("SELECT count(*) FROM ONLY {name}"), &[])
             .await
-            .map_err(|e| format!("reading {name}: {}", sql_error(&e)))?
+            .map_err(|e| format!("reading {name}: {}", sql_message(&e)))?
             .get(0);
         rows += u64::try_from(count).unwrap_or(0);
     }
@@ -173,10 +174,10 @@ async fn run_check(client: &tokio_postgres::Client, sql: &str) -> Result<&'stati
     client
         .batch_execute("BEGIN READ ONLY")
         .await
-        .map_err(|e| format!("starting the check: {}", sql_error(&e)))?;
+        .map_err(|e| format!("starting the check: {}", sql_message(&e)))?;
     let answer = client.query(sql, &[]).await;
     let _ = client.batch_execute("ROLLBACK").await;
-    let rows = answer.map_err(|e| format!("the check failed: {}", sql_error(&e)))?;
+    let rows = answer.map_err(|e| format!("the check failed: {}", sql_message(&e)))?;
     let Some(row) = rows.first() else {
         return Ok("no rows");
     };
@@ -191,14 +192,6 @@ async fn run_check(client: &tokio_postgres::Client, sql: &str) -> Result<&'stati
         Ok(Some(false)) => Err("the check returned false".to_owned()),
         Ok(None) => Ok("NULL"),
         Err(e) => Err(format!("reading the check's answer: {e}")),
-    }
-}
-
-/// The server's own message, not tokio-postgres's "db error".
-fn sql_error(error: &tokio_postgres::Error) -> String {
-    match error.as_db_error() {
-        Some(db) => format!("{}: {}", db.severity(), db.message()),
-        None => error.to_string(),
     }
 }
 
@@ -231,7 +224,7 @@ async fn connect_as(
     let (client, connection) = settings
         .connect(tokio_postgres::NoTls)
         .await
-        .map_err(|e| format!("connecting to database {database}: {e}"))?;
+        .map_err(|e| format!("connecting to database {database}: {}", sql_message(&e)))?;
     tokio::spawn(connection);
     Ok(client)
 }

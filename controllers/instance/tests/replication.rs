@@ -467,6 +467,92 @@ async fn a_replica_assigned_primary_is_promoted_and_the_old_primary_follows_it()
     fixture.passed()
 }
 
+/// An old primary rewound while the new one takes writes must stream up to
+/// the point its rewind ended before it accepts a connection, and it streams
+/// only through its slot. When the slot cannot be made as it starts (here
+/// every slot is taken; in a cluster, the new primary restarting), the
+/// instance keeps trying although its own server does not answer yet.
+#[tokio::test]
+async fn a_rewound_replica_makes_its_slot_while_its_server_cannot_answer_yet() -> Result {
+    let mut fixture = Fixture::new("rewound-slot", &[])?;
+    let old_spec = fixture.instance("orders-0", "primary")?;
+    let mut old = fixture.start(&old_spec)?;
+    old.wait_ready(Duration::from_secs(60)).await?;
+    old.app()
+        .await?
+        .batch_execute("CREATE TABLE orders (id serial PRIMARY KEY)")
+        .await?;
+    let new_spec = fixture.instance("orders-1", "replica")?.following(&old);
+    let new = fixture.start(&new_spec)?;
+    new.wait_ready(Duration::from_secs(60)).await?;
+    fixture.assign(&new_spec, "primary")?;
+    new.wait_status("promoted", Duration::from_secs(30), |s| {
+        s["ready"] == true && s["role"] == "primary" && s["timeline"] == 2
+    })
+    .await?;
+    // The old primary diverges before it stops, so it must be rewound.
+    old.sql()
+        .await?
+        .batch_execute("CREATE TABLE lost (x int)")
+        .await?;
+    old.terminate(Duration::from_secs(60)).await?;
+
+    // Every slot of the new primary taken, and writes going on while the
+    // old primary rewinds, so that it ends past the WAL it copied.
+    let admin = new.sql().await?;
+    admin
+        .batch_execute(
+            "SELECT pg_create_physical_replication_slot('held_' || n)
+             FROM generate_series(1, current_setting('max_replication_slots')::int) AS n",
+        )
+        .await?;
+    let writes = new.app().await?;
+    let writer = tokio::spawn(async move {
+        while writes
+            .execute("INSERT INTO orders DEFAULT VALUES", &[])
+            .await
+            .is_ok()
+        {}
+    });
+    fixture.assign(&old_spec, "replica")?;
+    let old = fixture.start(&old_spec.following(&new))?;
+    old.wait_log("pg_rewind: Done!", Duration::from_secs(60))
+        .await?;
+    old.wait_log("all replication slots are in use", Duration::from_secs(30))
+        .await?;
+    writer.abort();
+    old.wait_log(
+        "Consistent recovery state has not been yet reached",
+        Duration::from_secs(30),
+    )
+    .await?;
+    assert!(!old.ready().await);
+
+    admin
+        .batch_execute("SELECT pg_drop_replication_slot('held_1')")
+        .await?;
+    let took = old
+        .wait_status("streaming", Duration::from_secs(60), |s| {
+            s["ready"] == true && s["streaming"] == true && s["timeline"] == 2
+        })
+        .await?;
+    println!(
+        "rewound replica: streaming {:.1} s after a slot was free",
+        took.as_secs_f64()
+    );
+    let count = |client: tokio_postgres::Client| async move {
+        let row = client.query_one("SELECT count(*) FROM orders", &[]).await?;
+        Result::Ok(row.get::<_, i64>(0))
+    };
+    let written = count(new.app().await?).await?;
+    old.wait_status("caught up", Duration::from_secs(30), |s| {
+        s["replicationLagBytes"] == 0
+    })
+    .await?;
+    assert_eq!(count(old.app().await?).await?, written);
+    fixture.passed()
+}
+
 /// A running primary assigned `replica` (the controller moved the role while
 /// it was up) stops taking writes at once: it restarts as a standby, rewinds
 /// its diverged history with pg_rewind, and follows the promoted replica.

@@ -17,7 +17,7 @@ use tokio_postgres::error::SqlState;
 use crate::children::{Child, Children, Signaller};
 use crate::conf;
 use crate::config::Config;
-use crate::error::{Context, Error};
+use crate::error::{Context, Error, sql_message};
 use crate::files::{sync_parent, write_atomically};
 use crate::membership::{Assignment, Bootstrap, Heartbeat};
 use crate::observe::{self, Limits, Role};
@@ -297,11 +297,9 @@ impl Supervisor {
                 }
             }
         }
-        if role == Role::Replica
-            && let Err(message) = self.check_slot().await
-        {
+        if role == Role::Replica {
             // Streaming waits for the slot; the watch loop tries again.
-            tracing::warn!(%message, "no replication slot yet");
+            self.retry_slot().await;
         }
         self.write_conf(role)?;
         // A primary's folder that holds standby.signal keeps it: it starts in
@@ -566,6 +564,13 @@ impl Supervisor {
                     Ok(connected) => session = Some(connected),
                     Err(reason) => {
                         self.state.observe(None, Err(reason.to_string()));
+                        // A rewound replica accepts connections only once it
+                        // has streamed up to its consistency point, and it
+                        // streams only through its slot: make the slot even
+                        // while this server does not answer.
+                        if assigned == Role::Replica && tick.is_multiple_of(5) {
+                            self.retry_slot().await;
+                        }
                         continue;
                     }
                 }
@@ -583,7 +588,8 @@ impl Supervisor {
                 }
                 Ok(Err(e)) => {
                     session = None;
-                    self.state.observe(None, Err(format!("query failed: {e}")));
+                    self.state
+                        .observe(None, Err(format!("query failed: {}", sql_message(&e))));
                     continue;
                 }
             };
@@ -679,7 +685,8 @@ impl Supervisor {
         {
             Ok(_) => true,
             Err(e) => {
-                self.state.error(format!("promotion failed: {e}"));
+                self.state
+                    .error(format!("promotion failed: {}", sql_message(&e)));
                 false
             }
         }

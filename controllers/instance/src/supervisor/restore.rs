@@ -328,7 +328,7 @@ impl Supervisor {
         let (client, connection) = config
             .connect(tokio_postgres::NoTls)
             .await
-            .map_err(|e| format!("connecting to database {database}: {e}"))?;
+            .map_err(|e| format!("connecting to database {database}: {}", sql_message(&e)))?;
         tokio::spawn(connection);
         let row = client
             .query_one(
@@ -338,7 +338,7 @@ impl Supervisor {
                 &[],
             )
             .await
-            .map_err(|e| format!("looking into database {database}: {e}"))?;
+            .map_err(|e| format!("looking into database {database}: {}", sql_message(&e)))?;
         Ok(row.get::<_, i64>(0) > 0)
     }
 

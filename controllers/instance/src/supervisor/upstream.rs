@@ -88,6 +88,14 @@ impl Supervisor {
         Ok(Slot::Kept)
     }
 
+    /// `check_slot` for a replica that is not streaming yet; a failure
+    /// (the primary restarting, no free slot) is retried by the caller.
+    pub(super) async fn retry_slot(&self) {
+        if let Err(message) = self.check_slot().await {
+            tracing::warn!(%message, "no replication slot yet");
+        }
+    }
+
     /// A lost slot reserves nothing: it is dropped so `check_slot` creates
     /// it again, reserving WAL from now, before a new base backup starts.
     pub(super) async fn drop_lost_slot(&self) -> Result<(), Error> {

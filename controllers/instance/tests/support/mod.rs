@@ -744,6 +744,23 @@ impl Instance {
         Ok(tokio::time::timeout(timeout, self.child.wait()).await??)
     }
 
+    /// Waits for the process's log (its own and its server's) to contain
+    /// `text`.
+    pub async fn wait_log(&self, text: &str, timeout: Duration) -> Result<Duration> {
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if self.log_text().contains(text) {
+                return Ok(start.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(format!(
+            "{}: no {text:?} in its log within {timeout:?}",
+            self.spec.name
+        )
+        .into())
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
