@@ -259,6 +259,7 @@ fn external_name(object: &impl Managed) -> String {
 
 /// Reconciles one object of a managed kind.
 pub async fn reconcile<M: Managed>(object: Arc<M>, ctx: Arc<Context>) -> Result<Recheck, Error> {
+    let object = ctx.applier.with_written_status(object);
     let namespace = object.namespace().unwrap_or_default();
     let api = Api::<M>::namespaced(ctx.client.clone(), &namespace);
     let intent = intent(&*object);

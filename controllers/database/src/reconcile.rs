@@ -209,6 +209,7 @@ pub async fn reconcile(cluster: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Resu
         // The watch delivers the recorded decision within moments.
         return Ok(Recheck::Within(Duration::from_millis(200)));
     }
+    let cluster = ctx.applier.with_written_status(cluster);
     let now = Time(Timestamp::now());
     let problems = validate::database_cluster(&cluster.spec);
     if !problems.is_empty() {
