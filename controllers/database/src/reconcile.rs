@@ -129,7 +129,8 @@ impl Context {
 pub struct Decisions(Mutex<HashMap<String, (Recorded, Instant)>>);
 
 /// How long a recorded decision may wait for the cache to show it; past
-/// that, something else changed the status and the cache is the truth.
+/// that, something else changed the status since, and the reconcile goes
+/// on from the cache.
 const CACHE_LAG_LIMIT: Duration = Duration::from_secs(10);
 
 /// What a recorded decision left in the status.

@@ -169,20 +169,16 @@ impl Applier {
     /// `object` shows, while the cache lags that write (within
     /// [`WRITTEN_MEMORY`]). A reconcile then builds on the status the API
     /// server holds: it carries that write's transition times and does not
-    /// write the same conditions again stamped a second later.
+    /// write the same conditions again stamped a second later. The status
+    /// written replaces the cached one whole: only for a kind whose status
+    /// this controller alone writes, all of it at each write.
     pub fn with_written_status<K>(&self, object: Arc<K>) -> Arc<K>
     where
         K: Resource + Serialize + DeserializeOwned,
         K::DynamicType: Default,
     {
         let key = written_key(&*object, "/status");
-        let written = self.lock().get(&key).and_then(|last| {
-            (last.at.elapsed() < WRITTEN_MEMORY
-                && last.over_version.is_some()
-                && last.over_version == object.resource_version())
-            .then(|| last.desired.clone())
-        });
-        let Some(status) = written else {
+        let Some(status) = self.written_over(&key, &*object) else {
             return object;
         };
         let replaced = to_value(&*object).and_then(|mut value| {
@@ -207,12 +203,18 @@ impl Applier {
     /// Whether exactly `desired` was written over the version `current`
     /// still shows, within [`WRITTEN_MEMORY`].
     fn recently_written_over<K: Resource>(&self, key: &str, desired: &Value, current: &K) -> bool {
-        self.lock().get(key).is_some_and(|last| {
-            last.at.elapsed() < WRITTEN_MEMORY
-                && last.over_version.is_some()
-                && last.over_version == current.resource_version()
-                && last.desired == *desired
-        })
+        self.written_over(key, current).as_ref() == Some(desired)
+    }
+
+    /// What this process wrote under `key` over the version `current`
+    /// shows, within [`WRITTEN_MEMORY`].
+    fn written_over<K: Resource>(&self, key: &str, current: &K) -> Option<Value> {
+        let written = self.lock();
+        let last = written.get(key)?;
+        (last.at.elapsed() < WRITTEN_MEMORY
+            && last.over_version.is_some()
+            && last.over_version == current.resource_version())
+        .then(|| last.desired.clone())
     }
 
     fn remember<K: Resource>(&self, key: String, desired: Value, current: &K) {
