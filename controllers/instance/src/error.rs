@@ -69,7 +69,10 @@ impl<T> Context<T> for Result<T, tokio_postgres::Error> {
 /// server", without the "Connection refused" beneath it).
 pub fn sql_message(error: &tokio_postgres::Error) -> String {
     if let Some(db) = error.as_db_error() {
-        return format!("{}: {}", db.severity(), db.message());
+        return match db.detail() {
+            Some(detail) => format!("{}: {} ({detail})", db.severity(), db.message()),
+            None => format!("{}: {}", db.severity(), db.message()),
+        };
     }
     match std::error::Error::source(error) {
         Some(cause) => format!("{error}: {cause}"),
@@ -83,11 +86,13 @@ mod tests {
 
     #[tokio::test]
     async fn a_refused_connection_says_why() {
-        let refused =
-            tokio_postgres::connect("host=127.0.0.1 port=1 user=x", tokio_postgres::NoTls)
-                .await
-                .err()
-                .expect("nothing listens on port 1");
+        let refused = tokio_postgres::connect(
+            "host=127.0.0.1 port=1 user=x connect_timeout=5",
+            tokio_postgres::NoTls,
+        )
+        .await
+        .err()
+        .expect("nothing listens on port 1");
         let message = sql_message(&refused);
         assert!(message.contains("Connection refused"), "{message}");
     }

@@ -526,7 +526,13 @@ async fn a_rewound_replica_makes_its_slot_while_its_server_cannot_answer_yet() -
         Duration::from_secs(30),
     )
     .await?;
-    assert!(!old.ready().await);
+    let status = old.status().await?;
+    assert!(
+        status["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("not yet accepting connections")),
+        "the rewound server must still refuse sessions here: {status}"
+    );
 
     admin
         .batch_execute("SELECT pg_drop_replication_slot('held_1')")
@@ -551,6 +557,161 @@ async fn a_rewound_replica_makes_its_slot_while_its_server_cannot_answer_yet() -
     .await?;
     assert_eq!(count(old.app().await?).await?, written);
     fixture.passed()
+}
+
+/// An old primary that comes back after the new one has removed the WAL
+/// since the promotion (more than `wal_keep_size` written while no slot
+/// held it) cannot be rewound: pg_rewind would succeed, and the server
+/// would then wait forever for WAL the primary no longer has. It is cloned
+/// again instead, and its diverged write is gone.
+#[tokio::test]
+async fn an_old_primary_back_after_the_primary_removed_the_wal_since_the_switch_is_cloned() -> Result
+{
+    let mut fixture = Fixture::new("rewind-gone", &[])?;
+    let (old_spec, new) = diverged_old_primary(&fixture).await?;
+    // Only now: the old primary's folder keeps its own WAL (the default
+    // `wal_keep_size`), the new primary recycles its own.
+    fixture.set_parameters(&[("max_slot_wal_keep_size", "32MB"), ("wal_keep_size", "0")])?;
+    let started = Instant::now();
+    while new.show("wal_keep_size").await? != "0" {
+        assert!(started.elapsed() < Duration::from_secs(30), "not reloaded");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    recycle_the_first_segments(&new).await?;
+
+    let old = rejoin(&fixture, &old_spec, &new).await?;
+    let log = old.log_text();
+    assert!(log.contains("is gone from the"), "{log}");
+    assert!(!log.contains("pg_rewind"), "{log}");
+    fixture.passed()
+}
+
+/// The same, when the old primary's own folder no longer reaches back to
+/// the last checkpoint both share (its WAL was recycled too): pg_rewind
+/// refuses before it changes anything, and no retry could change that. It
+/// is cloned again rather than retried forever.
+#[tokio::test]
+async fn an_old_primary_whose_own_wal_since_the_fork_is_gone_is_cloned() -> Result {
+    let mut fixture = Fixture::new(
+        "rewind-own-gone",
+        &[("max_slot_wal_keep_size", "1GB"), ("wal_keep_size", "0")],
+    )?;
+    let (old_spec, new) = diverged_old_primary(&fixture).await?;
+    // The primary keeps its WAL since the switch (a slot holds it); the old
+    // primary's folder recycled its own when it stopped.
+    new.sql().await?.batch_execute("CHECKPOINT").await?;
+    assert!(
+        switch_segment_kept(&new).await?,
+        "the test did not keep the segment of the switch"
+    );
+
+    let old = rejoin(&fixture, &old_spec, &new).await?;
+    let log = old.log_text();
+    assert!(log.contains("cannot read this folder's WAL back"), "{log}");
+    assert_eq!(old.status().await?["failedStarts"], 0);
+    fixture.passed()
+}
+
+/// orders-0, a primary, stopped after orders-1 (its replica) was promoted
+/// and after writing what orders-1 never received. orders-1 holds ids 1..=5,
+/// four of them in WAL segments of their own, and a slot `held` that keeps
+/// its WAL since the promotion.
+async fn diverged_old_primary(
+    fixture: &Fixture,
+) -> Result<(support::InstanceSpec, support::Instance)> {
+    let old_spec = fixture.instance("orders-0", "primary")?;
+    let mut old = fixture.start(&old_spec)?;
+    old.wait_ready(Duration::from_secs(60)).await?;
+    old.app()
+        .await?
+        .batch_execute("CREATE TABLE orders (id int PRIMARY KEY); INSERT INTO orders VALUES (1)")
+        .await?;
+    let new_spec = fixture.instance("orders-1", "replica")?.following(&old);
+    let new = fixture.start(&new_spec)?;
+    new.wait_ready(Duration::from_secs(60)).await?;
+    new.wait_status("caught up", Duration::from_secs(10), |s| {
+        s["replicationLagBytes"] == 0
+    })
+    .await?;
+    fixture.assign(&new_spec, "primary")?;
+    new.wait_status("promoted", Duration::from_secs(30), |s| {
+        s["ready"] == true && s["role"] == "primary" && s["timeline"] == 2
+    })
+    .await?;
+    new.sql()
+        .await?
+        .batch_execute("SELECT pg_create_physical_replication_slot('held', true)")
+        .await?;
+    old.sql()
+        .await?
+        .batch_execute("CREATE TABLE lost (x int)")
+        .await?;
+    old.terminate(Duration::from_secs(60)).await?;
+    let app = new.app().await?;
+    for _ in 0..4 {
+        app.batch_execute("INSERT INTO orders SELECT max(id) + 1 FROM orders")
+            .await?;
+        new.sql()
+            .await?
+            .batch_execute("SELECT pg_switch_wal()")
+            .await?;
+    }
+    Ok((old_spec, new))
+}
+
+/// `held` dropped and a checkpoint on `primary`, with nothing else
+/// holding its WAL: timeline 2's first segment is recycled.
+async fn recycle_the_first_segments(primary: &support::Instance) -> Result {
+    primary
+        .sql()
+        .await?
+        .batch_execute("SELECT pg_drop_replication_slot('held'); CHECKPOINT")
+        .await?;
+    assert!(
+        !switch_segment_kept(primary).await?,
+        "the test did not recycle the segment of the switch"
+    );
+    Ok(())
+}
+
+/// Whether `primary` still has the segment where timeline 2 began.
+async fn switch_segment_kept(primary: &support::Instance) -> Result<bool> {
+    let kept = primary
+        .sql()
+        .await?
+        .query_one(
+            "SELECT EXISTS (SELECT FROM pg_ls_waldir() WHERE name = '00000002' || substr(
+                 pg_walfile_name(split_part(pg_read_file('pg_wal/00000002.history'), E'\t', 2)::pg_lsn + 1),
+                 9))",
+            &[],
+        )
+        .await?
+        .get(0);
+    Ok(kept)
+}
+
+/// orders-0 back as a replica of `primary`: it streams on timeline 2 with
+/// the primary's rows, and its own diverged table is gone.
+async fn rejoin(
+    fixture: &Fixture,
+    old_spec: &support::InstanceSpec,
+    primary: &support::Instance,
+) -> Result<support::Instance> {
+    fixture.assign(old_spec, "replica")?;
+    let old = fixture.start(&old_spec.clone().following(primary))?;
+    old.wait_status("streaming", Duration::from_secs(90), |s| {
+        s["ready"] == true && s["streaming"] == true && s["timeline"] == 2
+    })
+    .await?;
+    assert_eq!(order_ids(&old).await?, [1, 2, 3, 4, 5]);
+    let lost: Option<String> = old
+        .sql()
+        .await?
+        .query_one("SELECT to_regclass('lost')::text", &[])
+        .await?
+        .get(0);
+    assert_eq!(lost, None, "the diverged write survived");
+    Ok(old)
 }
 
 /// A running primary assigned `replica` (the controller moved the role while

@@ -25,7 +25,9 @@ impl Supervisor {
     /// primary's part, so it can follow the new timeline without a new base
     /// backup (needs wal_log_hints or checksums: the controller sets the first,
     /// initdb here the second). Writes nothing if no rewind is needed.
-    pub(super) async fn rewind(&self, host: &str) -> Result<(), Error> {
+    /// `Some(why)` when pg_rewind cannot do it, ever: the folder is cloned
+    /// again instead.
+    pub(super) async fn rewind(&self, host: &str) -> Result<Option<String>, Error> {
         let port = self.config.primary_port.to_string();
         let passfile = self.passfile().display().to_string();
         let tls = self.tls.client_settings();
@@ -73,12 +75,19 @@ impl Supervisor {
             // Only a failure before it changed anything may be retried.
             if !rewind_started(&output.output) {
                 remove_if_present(&marker)?;
+                if lacks_own_wal(&output.output) {
+                    return Ok(Some(format!(
+                        "pg_rewind cannot read this folder's WAL back to the last checkpoint \
+                         both servers share (recycled since): {}",
+                        last_lines(&output.output, 1)
+                    )));
+                }
             }
             return Err(failed);
         }
         std::fs::remove_file(&marker).context(|| marker.display().to_string())?;
         tracing::info!(output = %last_lines(&output.output, 1), "pg_rewind done");
-        Ok(())
+        Ok(None)
     }
 
     /// A replica the primary can no longer feed: a new base backup into a
@@ -304,6 +313,12 @@ pub(super) fn refuse_after_interrupted_rewind(data: &Path) -> Result<(), Error> 
 /// pg_rewind prints this before it changes the target folder.
 pub(super) fn rewind_started(output: &str) -> bool {
     output.contains("rewinding from last common checkpoint")
+}
+
+/// pg_rewind stopped because the folder's own WAL no longer reaches back to
+/// the point both histories share: no retry brings it back.
+pub(super) fn lacks_own_wal(output: &str) -> bool {
+    output.contains("could not find previous WAL record")
 }
 
 /// A folder beside the data folder, on the same filesystem (so a rename moves it).

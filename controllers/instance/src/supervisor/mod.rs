@@ -262,12 +262,13 @@ impl Supervisor {
                     if control.was_primary {
                         // A promotion not yet checkpointed shows only in pg_wal.
                         let timeline = control.timeline.max(latest_history(data));
-                        match self.check_rewind_source(timeline).await? {
+                        let unrewindable = match self.check_rewind_source(timeline).await? {
                             Source::Rewindable(host) => self.rewind(&host).await?,
-                            Source::Forked(why) => {
-                                self.state.phase(Phase::Bootstrapping);
-                                self.reclone(&why).await?;
-                            }
+                            Source::Unrewindable(why) => Some(why),
+                        };
+                        if let Some(why) = unrewindable {
+                            self.state.phase(Phase::Bootstrapping);
+                            self.reclone(&why).await?;
                         }
                     }
                 } else {
@@ -297,9 +298,11 @@ impl Supervisor {
                 }
             }
         }
-        if role == Role::Replica {
+        if role == Role::Replica
+            && let Err(message) = self.check_slot().await
+        {
             // Streaming waits for the slot; the watch loop tries again.
-            self.retry_slot().await;
+            tracing::warn!(%message, "no replication slot yet");
         }
         self.write_conf(role)?;
         // A primary's folder that holds standby.signal keeps it: it starts in
@@ -568,8 +571,14 @@ impl Supervisor {
                         // has streamed up to its consistency point, and it
                         // streams only through its slot: make the slot even
                         // while this server does not answer.
-                        if assigned == Role::Replica && tick.is_multiple_of(5) {
-                            self.retry_slot().await;
+                        if assigned == Role::Replica
+                            && tick.is_multiple_of(5)
+                            && let Some(reason) = self.try_make_slot().await
+                        {
+                            return Restart {
+                                reclone: Some(reason.clone()),
+                                ..Restart::new(reason)
+                            };
                         }
                         continue;
                     }

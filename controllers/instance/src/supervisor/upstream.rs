@@ -38,12 +38,60 @@ impl Supervisor {
         // would say "no rewind required" over a fork. (A source on an earlier
         // timeline is fine: pg_rewind compares both histories.)
         if u32::try_from(source) == Ok(timeline) {
-            return Ok(Source::Forked(format!(
+            return Ok(Source::Unrewindable(format!(
                 "the primary {host} is on this folder's timeline {source}, with another history: \
                  refusing to rewind over it"
             )));
         }
+        let source = u32::try_from(source).unwrap_or_default();
+        if source > timeline
+            && let Some(segment) = self.wal_since_switch(&client, timeline, source).await?
+        {
+            let kept: bool = client
+                .query_one(
+                    "SELECT EXISTS (SELECT FROM pg_ls_waldir() WHERE name = $1)",
+                    &[&segment],
+                )
+                .await
+                .context(sql)?
+                .get(0);
+            if !kept {
+                return Ok(Source::Unrewindable(format!(
+                    "the WAL since timeline {timeline} ended ({segment} on) is gone from the \
+                     primary {host}: a rewound folder could never catch up"
+                )));
+            }
+        }
         Ok(Source::Rewindable(host))
+    }
+
+    /// The first WAL segment a folder rewound from timeline `timeline` must
+    /// replay from the primary (on `source`, a later timeline): where its
+    /// timeline ended. pg_rewind does not check that the primary still has
+    /// it, and replicas have no archive to fetch it from. `None` when the
+    /// history does not name `timeline` (pg_rewind then refuses by itself).
+    async fn wal_since_switch(
+        &self,
+        client: &Client,
+        timeline: u32,
+        source: u32,
+    ) -> Result<Option<String>, Error> {
+        let row = client
+            .query_one(
+                "SELECT pg_read_file('pg_wal/' || $1 || '.history'),
+                        (SELECT setting::int8 FROM pg_settings WHERE name = 'wal_segment_size')",
+                &[&format!("{source:08X}")],
+            )
+            .await
+            .context(|| format!("the history of timeline {source}"))?;
+        let (history, segment_size): (String, i64) = (row.get(0), row.get(1));
+        let segment_size = u64::try_from(segment_size).unwrap_or_default();
+        Ok(first_segment_after_switch(
+            &history,
+            timeline,
+            source,
+            segment_size,
+        ))
     }
 
     pub(super) fn slot_name(&self) -> String {
@@ -88,11 +136,20 @@ impl Supervisor {
         Ok(Slot::Kept)
     }
 
-    /// `check_slot` for a replica that is not streaming yet; a failure
-    /// (the primary restarting, no free slot) is retried by the caller.
-    pub(super) async fn retry_slot(&self) {
-        if let Err(message) = self.check_slot().await {
-            tracing::warn!(%message, "no replication slot yet");
+    /// One attempt at this replica's slot while its own server does not
+    /// answer (`stuck` needs a sample): `Some(reason)` when the slot was
+    /// invalidated, so the WAL it needs to reach consistency is gone and it
+    /// must be cloned again. A failure (the primary restarting, no free
+    /// slot) is left to the caller's next attempt; it waits at most
+    /// `PRIMARY_TIMEOUT`.
+    pub(super) async fn try_make_slot(&self) -> Option<String> {
+        match self.check_slot().await {
+            Ok(Slot::Lost) => Some(SLOT_LOST.to_owned()),
+            Ok(Slot::Kept | Slot::NotYet) => None,
+            Err(message) => {
+                tracing::debug!(%message, "no replication slot yet");
+                None
+            }
         }
     }
 
@@ -177,11 +234,7 @@ impl Supervisor {
     ) -> Option<Stuck> {
         match self.check_slot().await {
             Ok(Slot::Lost) => {
-                return Some(Stuck::Reclone(
-                    "the primary invalidated this replica's slot (max_slot_wal_keep_size): the \
-                     WAL it needs is gone"
-                        .to_owned(),
-                ));
+                return Some(Stuck::Reclone(SLOT_LOST.to_owned()));
             }
             Ok(Slot::Kept) => {}
             Ok(Slot::NotYet) => {
@@ -296,9 +349,10 @@ pub(super) enum Slot {
 pub(super) enum Source {
     /// pg_rewind from this host.
     Rewindable(String),
-    /// Both were primaries on the same timeline: pg_rewind would see one
-    /// history and rewind nothing. Only a new clone follows; why.
-    Forked(String),
+    /// Only a new clone can follow; why. Both were primaries on the same
+    /// timeline (pg_rewind would see one history and rewind nothing), or
+    /// the primary no longer has the WAL since this folder's timeline ended.
+    Unrewindable(String),
 }
 
 /// The longest a question to the primary may take: the watch loop waits
@@ -316,6 +370,8 @@ pub(super) const REWIND_CHECK_TIMEOUT: Duration = Duration::from_secs(120);
 /// no PostgreSQL timeout ends while it is still connecting (postgres is
 /// restarted, and the receiver connects through `-rw` again).
 pub(super) const STUCK_AFTER: Duration = Duration::from_secs(10);
+
+const SLOT_LOST: &str = "the primary invalidated this replica's slot (max_slot_wal_keep_size): the WAL it needs is gone";
 
 /// Why a replica that does not stream must restart, and how.
 pub(super) enum Stuck {
@@ -390,6 +446,33 @@ pub(super) fn forked(history: &str, timeline: u32, position: u64) -> Option<Stri
     }
 }
 
+/// The name of the WAL segment holding the switch away from `timeline`, on
+/// the timeline that follows it in `history` (the history file of
+/// `current`): the first one a folder of `timeline` needs to follow.
+pub(super) fn first_segment_after_switch(
+    history: &str,
+    timeline: u32,
+    current: u32,
+    segment_size: u64,
+) -> Option<String> {
+    let mut lines = history.lines().filter_map(|line| {
+        let mut fields = line.split_whitespace();
+        let parent: u32 = fields.next()?.parse().ok()?;
+        Some((parent, parse_lsn(fields.next()?)?))
+    });
+    let switch = lines.find_map(|(parent, at)| (parent == timeline).then_some(at))?;
+    let next = lines.next().map_or(current, |(parent, _)| parent);
+    let per_log = 0x1_0000_0000u64
+        .checked_div(segment_size)
+        .filter(|n| *n > 0)?;
+    let segment = switch / segment_size;
+    Some(format!(
+        "{next:08X}{:08X}{:08X}",
+        segment / per_log,
+        segment % per_log
+    ))
+}
+
 pub(super) fn format_lsn(lsn: u64) -> String {
     format!("{:X}/{:X}", lsn >> 32, lsn & 0xFFFF_FFFF)
 }
@@ -404,6 +487,27 @@ pub(super) fn history_timeline(name: &str) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_first_segment_after_a_switch_is_on_the_next_timeline() {
+        let history = "1\t0/3000148\tno recovery target specified\n\n2\t1/5000000\tno recovery target specified\n";
+        let mb16 = 16 * 1024 * 1024;
+        assert_eq!(
+            first_segment_after_switch(history, 1, 3, mb16).as_deref(),
+            Some("000000020000000000000003")
+        );
+        // A switch on a segment boundary: the segment that starts there.
+        assert_eq!(
+            first_segment_after_switch(history, 2, 3, mb16).as_deref(),
+            Some("000000030000000100000005")
+        );
+        assert_eq!(
+            first_segment_after_switch(history, 2, 3, 64 * 1024 * 1024).as_deref(),
+            Some("000000030000000100000001")
+        );
+        assert_eq!(first_segment_after_switch(history, 4, 5, mb16), None);
+        assert_eq!(first_segment_after_switch(history, 1, 3, 0), None);
+    }
 
     #[test]
     fn a_history_shows_whether_a_replica_forked() {
