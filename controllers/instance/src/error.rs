@@ -69,9 +69,14 @@ impl<T> Context<T> for Result<T, tokio_postgres::Error> {
 /// server", without the "Connection refused" beneath it).
 pub fn sql_message(error: &tokio_postgres::Error) -> String {
     if let Some(db) = error.as_db_error() {
+        // The DETAIL of a data error may quote row values; only a server's
+        // state (connections, resources, replication slots) is said.
+        let class = &db.code().code()[..2];
         return match db.detail() {
-            Some(detail) => format!("{}: {} ({detail})", db.severity(), db.message()),
-            None => format!("{}: {}", db.severity(), db.message()),
+            Some(detail) if ["08", "53", "55", "57"].contains(&class) => {
+                format!("{}: {} ({detail})", db.severity(), db.message())
+            }
+            _ => format!("{}: {}", db.severity(), db.message()),
         };
     }
     match std::error::Error::source(error) {

@@ -2,6 +2,8 @@
 //! primary (pg_basebackup), a rewind (pg_rewind), always into a sibling
 //! folder first so a folder that is there is complete.
 
+use std::collections::BTreeSet;
+
 use super::upstream::history_timeline;
 use super::*;
 
@@ -267,6 +269,9 @@ pub(super) struct ControlData {
     pub(super) timeline: u32,
     /// `Latest checkpoint location`, as `X/Y`.
     pub(super) checkpoint: Option<String>,
+    /// `Minimum recovery ending location`: where a rewound folder becomes
+    /// consistent (0 when not set).
+    pub(super) min_recovery_point: Option<u64>,
 }
 
 impl ControlData {
@@ -284,8 +289,34 @@ impl ControlData {
             was_primary: !in_recovery && !has_backup_label,
             timeline,
             checkpoint: field("Latest checkpoint location").map(str::to_owned),
+            min_recovery_point: field("Minimum recovery ending location").and_then(parse_lsn),
         })
     }
+}
+
+/// The first WAL segment (by number) from the one holding `start` to the one
+/// holding `end` that neither this folder (`local`) nor the primary
+/// (`primary`) has. (Which timeline's file is not checked: a miss errs
+/// toward the rewind, as before this check.)
+pub(super) fn first_missing_segment(
+    start: u64,
+    end: u64,
+    segment_size: u64,
+    local: &BTreeSet<u64>,
+    primary: &BTreeSet<u64>,
+) -> Option<u64> {
+    let size = segment_size.max(1);
+    (start / size..=end / size).find(|n| !local.contains(n) && !primary.contains(n))
+}
+
+/// The segment number of a WAL file name (`TTTTTTTTXXXXXXXXYYYYYYYY`).
+pub(super) fn segment_number(name: &str, segment_size: u64) -> Option<u64> {
+    if name.len() != 24 || !name.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let log = u64::from_str_radix(&name[8..16], 16).ok()?;
+    let seg = u64::from_str_radix(&name[16..24], 16).ok()?;
+    Some(log * 0x1_0000_0000u64.checked_div(segment_size)? + seg)
 }
 
 /// Beside the data folder (pg_rewind removes what its source lacks): there
@@ -315,10 +346,13 @@ pub(super) fn rewind_started(output: &str) -> bool {
     output.contains("rewinding from last common checkpoint")
 }
 
-/// pg_rewind stopped because the folder's own WAL no longer reaches back to
-/// the point both histories share: no retry brings it back.
+/// pg_rewind stopped, before changing anything, on the folder's own WAL: it
+/// no longer reaches back to the point both histories share, or a record
+/// cannot be read. No retry brings that WAL back. (A source of another
+/// system is not among these: that is the wrong server, not a clone's job.)
 pub(super) fn lacks_own_wal(output: &str) -> bool {
     output.contains("could not find previous WAL record")
+        || output.contains("could not read WAL record at")
 }
 
 /// A folder beside the data folder, on the same filesystem (so a rename moves it).
@@ -455,5 +489,24 @@ mod tests {
         // A fresh base backup carries the primary's control file.
         assert_eq!(control("in production", true), Some((false, 3)));
         assert_eq!(ControlData::parse("garbage", false), None);
+    }
+
+    #[test]
+    fn a_segment_neither_side_has_is_found() {
+        let mb16 = 16 * 1024 * 1024;
+        assert_eq!(segment_number("000000020000000100000005", mb16), Some(261));
+        assert_eq!(segment_number("00000002.history", mb16), None);
+        let local: BTreeSet<u64> = [2, 3].into();
+        let primary: BTreeSet<u64> = [5, 6, 7].into();
+        // Replay from 0/2000028 to 0/6000100: segment 4 is nowhere.
+        assert_eq!(
+            first_missing_segment(0x200_0028, 0x600_0100, mb16, &local, &primary),
+            Some(4)
+        );
+        let primary: BTreeSet<u64> = [4, 5, 6, 7].into();
+        assert_eq!(
+            first_missing_segment(0x200_0028, 0x600_0100, mb16, &local, &primary),
+            None
+        );
     }
 }

@@ -263,7 +263,10 @@ impl Supervisor {
                         // A promotion not yet checkpointed shows only in pg_wal.
                         let timeline = control.timeline.max(latest_history(data));
                         let unrewindable = match self.check_rewind_source(timeline).await? {
-                            Source::Rewindable(host) => self.rewind(&host).await?,
+                            Source::Rewindable(host) => match self.rewind(&host).await? {
+                                None => self.wal_missing_after_rewind().await,
+                                refused => refused,
+                            },
                             Source::Unrewindable(why) => Some(why),
                         };
                         if let Some(why) = unrewindable {

@@ -2,6 +2,9 @@
 //! its history forked off the primary's, whether the primary can be a
 //! rewind's source. Every question to the primary is bounded in time.
 
+use std::collections::BTreeSet;
+
+use super::folder::{first_missing_segment, segment_number};
 use super::*;
 
 impl Supervisor {
@@ -25,6 +28,11 @@ impl Supervisor {
             return Err(Error::Waiting(format!(
                 "the primary {host} is still in recovery: rewinding once it is promoted"
             )));
+        }
+        // The slot first, so that the WAL written from the rewind's copy
+        // on is kept until the rewound server streams it.
+        if let Err(message) = self.try_check_slot().await {
+            tracing::warn!(%message, "no replication slot yet");
         }
         // After a promotion the control file names the new timeline only
         // after a checkpoint; pg_rewind reads it there.
@@ -63,6 +71,73 @@ impl Supervisor {
             }
         }
         Ok(Source::Rewindable(host))
+    }
+
+    /// After a rewind: whether each WAL segment the folder must replay,
+    /// from the start its `backup_label` names (the last checkpoint both
+    /// servers shared, whose redo can lie well before the switch) to its
+    /// minimum recovery point, is in its pg_wal or still on the primary.
+    /// pg_rewind does not check it, and a folder missing one never reaches
+    /// consistency. `Some(why)` to clone instead. Best effort: a primary
+    /// that does not answer leaves it to the slot checks.
+    pub(super) async fn wal_missing_after_rewind(&self) -> Option<String> {
+        match bounded(PRIMARY_TIMEOUT, self.try_wal_missing_after_rewind()).await {
+            Ok(missing) => missing,
+            Err(message) => {
+                tracing::warn!(%message, "cannot check the WAL the rewound folder needs");
+                None
+            }
+        }
+    }
+
+    async fn try_wal_missing_after_rewind(&self) -> Result<Option<String>, Error> {
+        let data = &self.config.data_dir;
+        let label = std::fs::read_to_string(data.join("backup_label"))
+            .context(|| "the backup_label pg_rewind wrote".to_owned())?;
+        let start = label.lines().find_map(|line| {
+            parse_lsn(
+                line.strip_prefix("START WAL LOCATION: ")?
+                    .split(' ')
+                    .next()?,
+            )
+        });
+        let end = self.control_data().await?.min_recovery_point;
+        let (Some(start), Some(end)) = (start, end.filter(|lsn| *lsn > 0)) else {
+            return Ok(None);
+        };
+        let (client, host) = self.primary_superuser().await?;
+        let sql = || format!("the WAL files of {host}");
+        let size: i64 = client
+            .query_one(
+                "SELECT setting::int8 FROM pg_settings WHERE name = 'wal_segment_size'",
+                &[],
+            )
+            .await
+            .context(sql)?
+            .get(0);
+        let size = u64::try_from(size).unwrap_or_default();
+        let primary: BTreeSet<u64> = client
+            .query("SELECT name FROM pg_ls_waldir()", &[])
+            .await
+            .context(sql)?
+            .iter()
+            .filter_map(|row| segment_number(row.get(0), size))
+            .collect();
+        let local: BTreeSet<u64> = std::fs::read_dir(data.join("pg_wal"))
+            .context(|| "pg_wal".to_owned())?
+            .flatten()
+            .filter_map(|entry| segment_number(entry.file_name().to_str()?, size))
+            .collect();
+        Ok(
+            first_missing_segment(start, end, size, &local, &primary).map(|segment| {
+                format!(
+                    "the rewound folder must replay WAL from {} to {}, and segment {segment} of \
+                     it is neither in its pg_wal nor on the primary {host}: it could never catch up",
+                    format_lsn(start),
+                    format_lsn(end)
+                )
+            }),
+        )
     }
 
     /// The first WAL segment a folder rewound from timeline `timeline` must
@@ -446,28 +521,37 @@ pub(super) fn forked(history: &str, timeline: u32, position: u64) -> Option<Stri
     }
 }
 
-/// The name of the WAL segment holding the switch away from `timeline`, on
-/// the timeline that follows it in `history` (the history file of
-/// `current`): the first one a folder of `timeline` needs to follow.
+/// The name of the WAL segment holding the switch away from `timeline`, as
+/// recovery reads it (from the newest timeline that began in or before
+/// that segment: a second switch in the same segment names it after the
+/// later timeline) given `history`, the history file of `current`: the
+/// first segment a folder of `timeline` needs from the primary.
 pub(super) fn first_segment_after_switch(
     history: &str,
     timeline: u32,
     current: u32,
     segment_size: u64,
 ) -> Option<String> {
-    let mut lines = history.lines().filter_map(|line| {
-        let mut fields = line.split_whitespace();
-        let parent: u32 = fields.next()?.parse().ok()?;
-        Some((parent, parse_lsn(fields.next()?)?))
-    });
-    let switch = lines.find_map(|(parent, at)| (parent == timeline).then_some(at))?;
-    let next = lines.next().map_or(current, |(parent, _)| parent);
+    let lines: Vec<(u32, u64)> = history
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let parent: u32 = fields.next()?.parse().ok()?;
+            Some((parent, parse_lsn(fields.next()?)?))
+        })
+        .collect();
+    let later = &lines[lines.iter().position(|(parent, _)| *parent == timeline)?..];
     let per_log = 0x1_0000_0000u64
         .checked_div(segment_size)
         .filter(|n| *n > 0)?;
-    let segment = switch / segment_size;
+    let segment = later[0].1 / segment_size;
+    // The timeline begun by line i is the parent on line i + 1.
+    let last = later
+        .iter()
+        .rposition(|(_, at)| at / segment_size == segment)?;
+    let reader = later.get(last + 1).map_or(current, |(parent, _)| *parent);
     Some(format!(
-        "{next:08X}{:08X}{:08X}",
+        "{reader:08X}{:08X}{:08X}",
         segment / per_log,
         segment % per_log
     ))
@@ -506,6 +590,16 @@ mod tests {
             Some("000000030000000100000001")
         );
         assert_eq!(first_segment_after_switch(history, 4, 5, mb16), None);
+        // Two switches in one segment: the file of the later timeline.
+        let quick = "1\t0/3000148\tx\n2\t0/3000200\tx\n3\t0/9000000\tx\n";
+        assert_eq!(
+            first_segment_after_switch(quick, 1, 4, mb16).as_deref(),
+            Some("000000030000000000000003")
+        );
+        assert_eq!(
+            first_segment_after_switch(quick, 2, 4, mb16).as_deref(),
+            Some("000000030000000000000003")
+        );
         assert_eq!(first_segment_after_switch(history, 1, 3, 0), None);
     }
 
