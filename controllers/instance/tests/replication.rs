@@ -464,6 +464,8 @@ async fn a_replica_assigned_primary_is_promoted_and_the_old_primary_follows_it()
     let values: Vec<i32> = rows.iter().map(|r| r.get(0)).collect();
     assert_eq!(values, [1, 2]);
     assert!(!old.log_text().contains("pg_basebackup"));
+    // Its WAL checked, the rewind's marker is gone: a restart starts it.
+    assert!(!old_spec.data_dir().with_extension("rewinding").exists());
     fixture.passed()
 }
 

@@ -28,7 +28,7 @@ impl Supervisor {
     /// backup (needs wal_log_hints or checksums: the controller sets the first,
     /// initdb here the second). Writes nothing if no rewind is needed.
     /// `Some(why)` when pg_rewind cannot do it, ever: the folder is cloned
-    /// again instead.
+    /// again instead. After a rewind the marker is left for the caller.
     pub(super) async fn rewind(&self, host: &str) -> Result<Option<String>, Error> {
         let port = self.config.primary_port.to_string();
         let passfile = self.passfile().display().to_string();
@@ -87,7 +87,9 @@ impl Supervisor {
             }
             return Err(failed);
         }
-        std::fs::remove_file(&marker).context(|| marker.display().to_string())?;
+        // The marker stays until the caller has checked the WAL the folder
+        // must replay: a folder that cannot catch up is cloned, even when
+        // the process restarts meanwhile.
         tracing::info!(output = %last_lines(&output.output, 1), "pg_rewind done");
         Ok(None)
     }

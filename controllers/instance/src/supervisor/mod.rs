@@ -31,7 +31,7 @@ mod roles;
 mod upstream;
 
 use folder::{
-    DataFolder, data_folder, latest_history, refuse_after_interrupted_rewind,
+    DataFolder, data_folder, latest_history, refuse_after_interrupted_rewind, remove_if_present,
     remove_stale_lock_file, rewind_marker,
 };
 use upstream::{LeavingSlots, Slot, Source, Stuck};
@@ -269,9 +269,12 @@ impl Supervisor {
                             },
                             Source::Unrewindable(why) => Some(why),
                         };
-                        if let Some(why) = unrewindable {
-                            self.state.phase(Phase::Bootstrapping);
-                            self.reclone(&why).await?;
+                        match unrewindable {
+                            Some(why) => {
+                                self.state.phase(Phase::Bootstrapping);
+                                self.reclone(&why).await?;
+                            }
+                            None => remove_if_present(&rewind_marker(data))?,
                         }
                     }
                 } else {

@@ -92,7 +92,11 @@ impl Supervisor {
 
     async fn try_wal_missing_after_rewind(&self) -> Result<Option<String>, Error> {
         let data = &self.config.data_dir;
-        let label = std::fs::read_to_string(data.join("backup_label"))
+        let label = data.join("backup_label");
+        if !label.exists() {
+            return Ok(None); // "no rewind required": nothing to replay
+        }
+        let label = std::fs::read_to_string(&label)
             .context(|| "the backup_label pg_rewind wrote".to_owned())?;
         let start = label.lines().find_map(|line| {
             parse_lsn(
