@@ -477,27 +477,7 @@ async fn a_replica_assigned_primary_is_promoted_and_the_old_primary_follows_it()
 #[tokio::test]
 async fn a_rewound_replica_makes_its_slot_while_its_server_cannot_answer_yet() -> Result {
     let mut fixture = Fixture::new("rewound-slot", &[])?;
-    let old_spec = fixture.instance("orders-0", "primary")?;
-    let mut old = fixture.start(&old_spec)?;
-    old.wait_ready(Duration::from_secs(60)).await?;
-    old.app()
-        .await?
-        .batch_execute("CREATE TABLE orders (id serial PRIMARY KEY)")
-        .await?;
-    let new_spec = fixture.instance("orders-1", "replica")?.following(&old);
-    let new = fixture.start(&new_spec)?;
-    new.wait_ready(Duration::from_secs(60)).await?;
-    fixture.assign(&new_spec, "primary")?;
-    new.wait_status("promoted", Duration::from_secs(30), |s| {
-        s["ready"] == true && s["role"] == "primary" && s["timeline"] == 2
-    })
-    .await?;
-    // The old primary diverges before it stops, so it must be rewound.
-    old.sql()
-        .await?
-        .batch_execute("CREATE TABLE lost (x int)")
-        .await?;
-    old.terminate(Duration::from_secs(60)).await?;
+    let (old_spec, new) = promoted_over_a_diverged_primary(&fixture).await?;
 
     // Every slot of the new primary taken, and writes going on while the
     // old primary rewinds, so that it ends past the WAL it copied.
@@ -511,7 +491,7 @@ async fn a_rewound_replica_makes_its_slot_while_its_server_cannot_answer_yet() -
     let writes = new.app().await?;
     let writer = tokio::spawn(async move {
         while writes
-            .execute("INSERT INTO orders DEFAULT VALUES", &[])
+            .execute("INSERT INTO orders SELECT max(id) + 1 FROM orders", &[])
             .await
             .is_ok()
         {}
@@ -615,10 +595,8 @@ async fn an_old_primary_whose_own_wal_since_the_fork_is_gone_is_cloned() -> Resu
 }
 
 /// orders-0, a primary, stopped after orders-1 (its replica) was promoted
-/// and after writing what orders-1 never received. orders-1 holds ids 1..=5,
-/// four of them in WAL segments of their own, and a slot `held` that keeps
-/// its WAL since the promotion.
-async fn diverged_old_primary(
+/// and after writing what orders-1 never received; orders-1 holds id 1.
+async fn promoted_over_a_diverged_primary(
     fixture: &Fixture,
 ) -> Result<(support::InstanceSpec, support::Instance)> {
     let old_spec = fixture.instance("orders-0", "primary")?;
@@ -640,15 +618,26 @@ async fn diverged_old_primary(
         s["ready"] == true && s["role"] == "primary" && s["timeline"] == 2
     })
     .await?;
-    new.sql()
-        .await?
-        .batch_execute("SELECT pg_create_physical_replication_slot('held', true)")
-        .await?;
+    // The old primary diverges before it stops, so it must be rewound.
     old.sql()
         .await?
         .batch_execute("CREATE TABLE lost (x int)")
         .await?;
     old.terminate(Duration::from_secs(60)).await?;
+    Ok((old_spec, new))
+}
+
+/// `promoted_over_a_diverged_primary`, then orders-1 holds ids 1..=5, four
+/// of them in WAL segments of their own, and a slot `held` that keeps its
+/// WAL since the promotion.
+async fn diverged_old_primary(
+    fixture: &Fixture,
+) -> Result<(support::InstanceSpec, support::Instance)> {
+    let (old_spec, new) = promoted_over_a_diverged_primary(fixture).await?;
+    new.sql()
+        .await?
+        .batch_execute("SELECT pg_create_physical_replication_slot('held', true)")
+        .await?;
     let app = new.app().await?;
     for _ in 0..4 {
         app.batch_execute("INSERT INTO orders SELECT max(id) + 1 FROM orders")

@@ -508,12 +508,7 @@ pub(super) async fn bounded<T>(
 /// the history a `.history` file describes: its timeline is not an ancestor,
 /// or it replayed WAL past the point where the history left it.
 pub(super) fn forked(history: &str, timeline: u32, position: u64) -> Option<String> {
-    let switch = history.lines().find_map(|line| {
-        let mut fields = line.split_whitespace();
-        let parent: u32 = fields.next()?.parse().ok()?;
-        let at = parse_lsn(fields.next()?)?;
-        (parent == timeline).then_some(at)
-    });
+    let switch = switches(history).find_map(|(parent, at)| (parent == timeline).then_some(at));
     match switch {
         None => Some(format!("timeline {timeline} is not in its history")),
         Some(at) if position > at => Some(format!(
@@ -536,14 +531,7 @@ pub(super) fn first_segment_after_switch(
     current: u32,
     segment_size: u64,
 ) -> Option<String> {
-    let lines: Vec<(u32, u64)> = history
-        .lines()
-        .filter_map(|line| {
-            let mut fields = line.split_whitespace();
-            let parent: u32 = fields.next()?.parse().ok()?;
-            Some((parent, parse_lsn(fields.next()?)?))
-        })
-        .collect();
+    let lines: Vec<(u32, u64)> = switches(history).collect();
     let later = &lines[lines.iter().position(|(parent, _)| *parent == timeline)?..];
     let per_log = 0x1_0000_0000u64
         .checked_div(segment_size)
@@ -559,6 +547,16 @@ pub(super) fn first_segment_after_switch(
         segment / per_log,
         segment % per_log
     ))
+}
+
+/// The lines of a timeline history file: each timeline and where it
+/// switched to the next one.
+fn switches(history: &str) -> impl Iterator<Item = (u32, u64)> + '_ {
+    history.lines().filter_map(|line| {
+        let mut fields = line.split_whitespace();
+        let parent: u32 = fields.next()?.parse().ok()?;
+        Some((parent, parse_lsn(fields.next()?)?))
+    })
 }
 
 pub(super) fn format_lsn(lsn: u64) -> String {
