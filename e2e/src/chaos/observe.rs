@@ -102,8 +102,9 @@ impl Observer {
         Ok(())
     }
 
-    /// Waits until every object is Ready and the database acknowledges
-    /// writes again; the slowest object and its time.
+    /// Waits until every object is Ready (a managed resource Synced too) and
+    /// the database acknowledges writes again; the slowest object and its
+    /// time.
     pub async fn converge(
         &mut self,
         workload: &Workload,
@@ -125,7 +126,7 @@ impl Observer {
                         } else {
                             ready_at.remove(&name);
                             waiting.push(format!(
-                                "{name} not Ready after {:.0} s: {why}",
+                                "{name} not converged after {:.0} s: {why}",
                                 CONVERGENCE_BOUND.as_secs_f64()
                             ));
                         }

@@ -206,10 +206,14 @@ impl Workload {
     pub async fn readiness(&self) -> Result<Vec<(String, bool, String)>> {
         let mut all = Vec::new();
         for ns in [&self.real, &self.kwok] {
-            ready_of::<DatabaseCluster>(&ns.api(), &mut all).await?;
+            ready_of::<DatabaseCluster>(&ns.api(), &["Ready"], &mut all).await?;
         }
-        ready_of::<ObjectBucket>(&self.real.api(), &mut all).await?;
-        ready_of::<DnsRecord>(&self.real.api(), &mut all).await?;
+        // A managed resource stays Ready through a provider outage (its
+        // cloud object is still there); it has converged once it is Synced
+        // again too, and not before its controller's last write of it.
+        let managed = ["Ready", "Synced"];
+        ready_of::<ObjectBucket>(&self.real.api(), &managed, &mut all).await?;
+        ready_of::<DnsRecord>(&self.real.api(), &managed, &mut all).await?;
         Ok(all)
     }
 
@@ -392,17 +396,32 @@ where
 }
 
 /// Appends each object's Ready condition: `(kind ns/name, ready, reason)`.
-async fn ready_of<K>(api: &Api<K>, all: &mut Vec<(String, bool, String)>) -> Result
+async fn ready_of<K>(
+    api: &Api<K>,
+    true_conditions: &[&str],
+    all: &mut Vec<(String, bool, String)>,
+) -> Result
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + serde::Serialize + std::fmt::Debug,
 {
     for object in api.list(&ListParams::default()).await?.items {
         let value: Value = serde_json::to_value(&object)?;
-        let ready = value["status"]["conditions"]
-            .as_array()
-            .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
-            .cloned()
-            .unwrap_or(Value::Null);
+        let conditions = value["status"]["conditions"].as_array();
+        let not_true: Vec<String> = true_conditions
+            .iter()
+            .filter_map(|kind| {
+                let condition = conditions
+                    .and_then(|c| c.iter().find(|c| c["type"] == *kind))
+                    .unwrap_or(&Value::Null);
+                (condition["status"] != "True").then(|| {
+                    format!(
+                        "{kind}: {} {}",
+                        condition["reason"].as_str().unwrap_or("no condition"),
+                        condition["message"].as_str().unwrap_or("")
+                    )
+                })
+            })
+            .collect();
         all.push((
             format!(
                 "{} {}/{}",
@@ -410,12 +429,8 @@ where
                 object.namespace().unwrap_or_default(),
                 object.name_any()
             ),
-            ready["status"] == "True" && object.meta().deletion_timestamp.is_none(),
-            format!(
-                "{} {}",
-                ready["reason"].as_str().unwrap_or("no Ready condition"),
-                ready["message"].as_str().unwrap_or("")
-            ),
+            not_true.is_empty() && object.meta().deletion_timestamp.is_none(),
+            not_true.join("; "),
         ));
     }
     Ok(())
