@@ -395,7 +395,8 @@ where
     }
 }
 
-/// Appends each object's Ready condition: `(kind ns/name, ready, reason)`.
+/// Appends whether each object has every one of `true_conditions` True:
+/// `(kind ns/name, converged, the reasons of those that are not)`.
 async fn ready_of<K>(
     api: &Api<K>,
     true_conditions: &[&str],
