@@ -39,7 +39,9 @@ build() {
     fi
   done
   ((${#missing[@]})) || return 0
-  local start=$SECONDS
+  local start=$SECONDS tags=""
+  # Optional Go build tags, one line (hack/tools/COMPONENT/build-tags).
+  [[ ! -f "$CAIRN_ROOT/hack/tools/$component/build-tags" ]] || tags=$(<"$CAIRN_ROOT/hack/tools/$component/build-tags")
   log "building ${component} $(pinned_version "$component" "$module"): ${missing[*]%%=*} (a cold build takes minutes)"
   mkdir -p "$dir.partial"
   for spec in "${missing[@]}"; do
@@ -47,7 +49,7 @@ build() {
     # One go build per binary: the Go build cache shares compiled packages.
     local build_log=$dir.partial/$name.log
     (cd "$CAIRN_ROOT/hack/tools/$component" &&
-      exec go build -v -trimpath -ldflags "-s -w $ldflags" -o "$dir.partial/$name" "${spec#*=}") >"$build_log" 2>&1 &
+      exec go build -v -trimpath -tags "$tags" -ldflags "-s -w $ldflags" -o "$dir.partial/$name" "${spec#*=}") >"$build_log" 2>&1 &
     local build_pid=$!
     local polls=0
     while proc_running "$build_pid"; do

@@ -25,19 +25,32 @@ pinned_version() { # component module-path
   awk -v m="$2" '$1 == m && $2 ~ /^v/ {print $2; exit}' "$CAIRN_ROOT/hack/tools/$1/go.mod"
 }
 
-# The cache folder of a component: its version plus a hash of its pins, so a
-# change of any pinned dependency builds into a new folder.
+# What decides a component's build: its pins and its optional Go build tags.
+tool_inputs() { # component...
+  local component file
+  for component in "$@"; do
+    for file in go.mod go.sum build-tags; do
+      [[ ! -f "$CAIRN_ROOT/hack/tools/$component/$file" ]] || cat "$CAIRN_ROOT/hack/tools/$component/$file"
+    done
+  done
+}
+
+# The cache folder of a component: its version plus a hash of its build
+# inputs, so a change of any pin or tag builds into a new folder.
 tool_dir() { # component module-path
   local version hash
   version=$(pinned_version "$1" "$2")
-  hash=$(cat "$CAIRN_ROOT/hack/tools/$1/go.mod" "$CAIRN_ROOT/hack/tools/$1/go.sum" | sha256sum | cut -c1-12)
+  hash=$(tool_inputs "$1" | sha256sum | cut -c1-12)
   echo "$CAIRN_CACHE/tools/$1-$version-$hash"
 }
 
 # The folder of links to the binaries of the current pins: one per set of pins,
 # so clones of the repository at different pins never repoint each other's.
 bin_dir() {
-  echo "$CAIRN_CACHE/bin-$(cat "$CAIRN_ROOT"/hack/tools/*/go.mod "$CAIRN_ROOT"/hack/tools/*/go.sum | sha256sum | cut -c1-12)"
+  local components
+  components=$(cd "$CAIRN_ROOT/hack/tools" && for dir in */; do echo "${dir%/}"; done)
+  # shellcheck disable=SC2086 # one word per component
+  echo "$CAIRN_CACHE/bin-$(tool_inputs $components | sha256sum | cut -c1-12)"
 }
 
 KUBERNETES_VERSION=$(pinned_version kubernetes k8s.io/kubernetes)
