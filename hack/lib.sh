@@ -44,8 +44,8 @@ tool_dir() { # component module-path
   echo "$CAIRN_CACHE/tools/$1-$version-$hash"
 }
 
-# The folder of links to the binaries of the current pins: one per set of pins,
-# so clones of the repository at different pins never repoint each other's.
+# The folder of links to the binaries of the current pins and tags: one per
+# set of them, so clones at different pins never repoint each other's.
 bin_dir() {
   local components
   components=$(cd "$CAIRN_ROOT/hack/tools" && for dir in */; do echo "${dir%/}"; done)

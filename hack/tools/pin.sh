@@ -22,9 +22,10 @@ GO_DIRECTIVE=${GO_DIRECTIVE:-1.26.0}
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod
 
 # new_module DIR MODULE_PATH TOOL_PACKAGE... : writes go.mod with tool directives.
+# A component's build-tags file is kept.
 new_module() {
   local dir=$1 path=$2; shift 2
-  rm -rf "$dir" && mkdir -p "$dir"
+  mkdir -p "$dir" && rm -f "$dir/go.mod" "$dir/go.sum"
   { echo "module $path"; echo; echo "go $GO_DIRECTIVE"; } >"$dir/go.mod"
 }
 
