@@ -39,9 +39,8 @@ build() {
     fi
   done
   ((${#missing[@]})) || return 0
-  local start=$SECONDS tags=""
-  # Optional Go build tags, one line (hack/tools/COMPONENT/build-tags).
-  [[ ! -f "$CAIRN_ROOT/hack/tools/$component/build-tags" ]] || tags=$(<"$CAIRN_ROOT/hack/tools/$component/build-tags")
+  local start=$SECONDS tags
+  tags=$(tool_build_tags "$component")
   log "building ${component} $(pinned_version "$component" "$module"): ${missing[*]%%=*} (a cold build takes minutes)"
   mkdir -p "$dir.partial"
   for spec in "${missing[@]}"; do

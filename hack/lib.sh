@@ -25,13 +25,18 @@ pinned_version() { # component module-path
   awk -v m="$2" '$1 == m && $2 ~ /^v/ {print $2; exit}' "$CAIRN_ROOT/hack/tools/$1/go.mod"
 }
 
-# What decides a component's build: its pins and its optional Go build tags.
+# A component's optional Go build tags, one line (hack/tools/<component>/build-tags).
+tool_build_tags() { # component
+  local file=$CAIRN_ROOT/hack/tools/$1/build-tags
+  [[ ! -f "$file" ]] || cat "$file"
+}
+
+# What decides a component's build: its pins and its build tags.
 tool_inputs() { # component...
-  local component file
+  local component
   for component in "$@"; do
-    for file in go.mod go.sum build-tags; do
-      [[ ! -f "$CAIRN_ROOT/hack/tools/$component/$file" ]] || cat "$CAIRN_ROOT/hack/tools/$component/$file"
-    done
+    cat "$CAIRN_ROOT/hack/tools/$component/go.mod" "$CAIRN_ROOT/hack/tools/$component/go.sum"
+    tool_build_tags "$component"
   done
 }
 
