@@ -9,9 +9,11 @@
 #   3. builds the images of the database pods and the controllers (hack/images.sh);
 #   4. starts a fresh local cluster in a temporary folder, with real nodes that
 #      get those images (stopped on exit, then checked for leftovers);
-#   5. runs every Rust test of the workspace against it (cargo test, every
-#      test binary even after a failure, so one run shows every failure).
-# Arguments, if any, replace `--workspace` in the cargo test call:
+#   5. runs every Rust test of the workspace against it, in two lanes side by
+#      side (hack/run-tests.sh), every test binary even after a failure, so
+#      one run shows every failure.
+# Arguments, if any, replace `--workspace` in the cargo test call, which then
+# runs alone (no lanes):
 #   hack/test.sh -p cairn-e2e --test smoke
 # CAIRN_SKIP_LINT=1 skips step 2 (for a quick rerun of one test while other
 # files are being edited; CI never sets it). The components' logs are kept in
@@ -112,11 +114,24 @@ step "node packages" "$CAIRN_ROOT/hack/node-packages.sh"
 if [[ "${CAIRN_SKIP_LINT:-}" == 1 ]]; then log "== lint skipped (CAIRN_SKIP_LINT=1)"; else step "lint" lint; fi
 test_args=("$@")
 ((${#test_args[@]})) || test_args=(--workspace)
-step "build tests" cargo test --locked --no-run "${test_args[@]}"
+ARTIFACTS=$(mktemp -t cairn-test-artifacts.XXXXXX)
+build_tests() {
+  cargo test --locked --no-run --message-format=json-render-diagnostics "${test_args[@]}" >"$ARTIFACTS"
+}
+step "build tests" build_tests
 build_images() { IMAGES=$("$CAIRN_ROOT/hack/images.sh" workspace); }
 step "images" build_images
 step "local cluster up" start_cluster
-step "cargo test" cargo test --locked --no-fail-fast "${test_args[@]}"
+# The charts' dependencies, built once: tests running side by side must not
+# rebuild them under each other's helm.
+build_charts() { "$CAIRN_ROOT/hack/charts.sh" "$BIN/helm"; export CAIRN_CHARTS_BUILT=1; }
+step "chart dependencies" build_charts
+if (($#)); then
+  step "cargo test" cargo test --locked --no-fail-fast "${test_args[@]}"
+else
+  step "tests in lanes" "$CAIRN_ROOT/hack/run-tests.sh" "$ARTIFACTS"
+fi
+rm -f "$ARTIFACTS"
 step "local cluster down" stop_cluster
 trap - EXIT
 

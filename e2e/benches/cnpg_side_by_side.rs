@@ -34,10 +34,7 @@ use std::time::{Duration, Instant};
 use cairn_api::database::v1::DatabaseCluster;
 use cairn_testing::process::{ControllerProcess, free_address, http_get};
 use cairn_testing::{Error, audit, cluster, wait};
-use common::{
-    all_write_requests, create, process_cpu_seconds, request_counts, rss_kib, start_controller,
-    until_ready,
-};
+use common::{create, process_cpu_seconds, request_counts, rss_kib, start_controller, until_ready};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
@@ -492,7 +489,7 @@ async fn converge_figures(
 ) -> Result<(), Error> {
     // The audit log is written in batches, at most a second late.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    for write in all_write_requests(audit_log)?
+    for write in audit::write_requests(audit_log)?
         .iter()
         .filter(|w| w.user == user)
     {

@@ -31,10 +31,10 @@ use std::time::{Duration, Instant};
 
 use cairn_api::database::v1::DatabaseCluster;
 use cairn_testing::process::ControllerProcess;
-use cairn_testing::{Error, cluster, wait};
+use cairn_testing::{Error, audit, cluster, wait};
 use common::{
-    all_write_requests, create, process_cpu_seconds, request_counts, rss_kib, start_controller,
-    start_replica, until_ready, until_ready_to_serve,
+    create, process_cpu_seconds, request_counts, rss_kib, start_controller, start_replica,
+    until_ready, until_ready_to_serve,
 };
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::Api;
@@ -72,7 +72,7 @@ async fn main() -> Result<(), Error> {
         &[0.5, 0.9, 0.99],
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let writes = all_write_requests(&local.audit_log())?;
+    let writes = audit::write_requests(&local.audit_log())?;
     let controller_writes: Vec<_> = writes
         .iter()
         .filter(|w| w.user == user && w.namespace.as_deref() == Some(namespace.name.as_str()))
@@ -86,7 +86,7 @@ async fn main() -> Result<(), Error> {
     let full_cached = cached_objects(&controller).await?;
     let full_rss = settled_rss_kib(&controller).await;
     let takeover = cold_start_and_takeover(&namespace, controller, &user, count).await?;
-    let idle_writes = all_write_requests(&local.audit_log())?
+    let idle_writes = audit::write_requests(&local.audit_log())?
         .into_iter()
         .filter(|w| w.user == user && w.namespace.as_deref() == Some(namespace.name.as_str()))
         .skip(idle_from)
@@ -239,7 +239,10 @@ async fn cold_start_and_takeover(
             && w.resource != "leases"
     };
     let log = cluster().audit_log();
-    let before = all_write_requests(&log)?.iter().filter(|w| ours(w)).count();
+    let before = audit::write_requests(&log)?
+        .iter()
+        .filter(|w| ours(w))
+        .count();
     let stopping = Instant::now();
     controller.terminate()?;
     controller.wait(Duration::from_secs(60)).await?;
@@ -260,7 +263,11 @@ async fn cold_start_and_takeover(
     .await?;
     let reconciled = exited.elapsed();
     tokio::time::sleep(Duration::from_secs(30)).await;
-    let writes = all_write_requests(&log)?.iter().filter(|w| ours(w)).count() - before;
+    let writes = audit::write_requests(&log)?
+        .iter()
+        .filter(|w| ours(w))
+        .count()
+        - before;
     Ok(Takeover {
         cold_start,
         exit,

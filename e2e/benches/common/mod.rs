@@ -5,12 +5,12 @@
 
 use std::collections::BTreeMap;
 use std::ops::Range;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use cairn_api::database::v1::{DatabaseCluster, DatabaseClusterSpec};
 use cairn_testing::process::ControllerProcess;
-use cairn_testing::{Error, TestNamespace, audit, cluster, crds, wait};
+use cairn_testing::{Error, TestNamespace, cluster, crds, wait};
 use futures::{StreamExt, TryStreamExt};
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
@@ -180,34 +180,6 @@ pub fn rss_kib(process: &ControllerProcess, field: &str) -> Option<u64> {
         .trim()
         .parse()
         .ok()
-}
-
-/// Every write request in the audit log, its rotated files included: the API
-/// server rotates `audit.log` at 100 MB (lumberjack's default, as no
-/// `--audit-log-maxsize` is set) into `audit-<time>.log` beside it, which a
-/// run of a thousand clusters reaches.
-pub fn all_write_requests(log: &Path) -> Result<Vec<audit::WriteRequest>, Error> {
-    let folder = log.parent().unwrap_or(Path::new("."));
-    let stem = log
-        .file_stem()
-        .map(|s| format!("{}-", s.to_string_lossy()))
-        .unwrap_or_default();
-    let mut rotated: Vec<PathBuf> = std::fs::read_dir(folder)
-        .map_err(|e| Error::Setup(format!("{}: {e}", folder.display())))?
-        .filter_map(|entry| Some(entry.ok()?.path()))
-        .filter(|path| {
-            path.file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .is_some_and(|n| n.starts_with(&stem) && n.ends_with(".log"))
-        })
-        .collect();
-    // The rotation time in the name sorts as text.
-    rotated.sort();
-    let mut requests = Vec::new();
-    for file in rotated.iter().chain(std::iter::once(&log.to_path_buf())) {
-        requests.extend(audit::write_requests(file)?);
-    }
-    Ok(requests)
 }
 
 /// CPU seconds (user and system) process `pid` has used so far.

@@ -32,13 +32,48 @@ pub struct WriteRequest {
     pub pod: Option<String>,
 }
 
-/// Every write request recorded in `log` so far. The API server writes the
+/// Every write request recorded in `log` so far, its rotated files included:
+/// the API server rotates `audit.log` at 100 MB (lumberjack's default, as no
+/// `--audit-log-maxsize` is set) into `audit-<time>.log` beside it, which a
+/// whole test run or a thousand clusters reach. The API server writes the
 /// log in batches (at most a second late); poll with [`crate::wait::until`]
 /// when a request has only just been made.
 pub fn write_requests(log: &Path) -> Result<Vec<WriteRequest>, Error> {
-    let text = std::fs::read_to_string(log)
-        .map_err(|e| Error::Setup(format!("cannot read audit log {}: {e}", log.display())))?;
-    Ok(parse(&text))
+    loop {
+        let rotated = rotated_files(log)?;
+        let mut text = String::new();
+        for file in rotated.iter().chain(std::iter::once(&log.to_path_buf())) {
+            text.push_str(&String::from_utf8_lossy(&read_from(file, 0)?));
+            if !text.is_empty() && !text.ends_with('\n') {
+                text.push('\n');
+            }
+        }
+        // A rotation while reading would lose the file renamed meanwhile.
+        if rotated_files(log)? == rotated {
+            return Ok(parse(&text));
+        }
+    }
+}
+
+/// The files `log` was rotated into, oldest first (the rotation time in
+/// their names sorts as text).
+fn rotated_files(log: &Path) -> Result<Vec<PathBuf>, Error> {
+    let folder = log.parent().unwrap_or(Path::new("."));
+    let prefix = log
+        .file_stem()
+        .map(|stem| format!("{}-", stem.to_string_lossy()))
+        .unwrap_or_default();
+    let mut rotated: Vec<PathBuf> = std::fs::read_dir(folder)
+        .map_err(|e| unreadable(folder, e))?
+        .filter_map(|entry| Some(entry.ok()?.path()))
+        .filter(|path| {
+            path.file_name()
+                .map(|name| name.to_string_lossy().into_owned())
+                .is_some_and(|name| name.starts_with(&prefix) && name.ends_with(".log"))
+        })
+        .collect();
+    rotated.sort();
+    Ok(rotated)
 }
 
 fn unreadable(log: &Path, e: std::io::Error) -> Error {
@@ -205,7 +240,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_tail_reads_on_across_a_rotation() -> Result<(), Box<dyn std::error::Error>> {
+    fn the_log_is_read_on_across_rotations() -> Result<(), Box<dyn std::error::Error>> {
         let line = |name: &str| {
             format!(
                 concat!(
@@ -244,6 +279,14 @@ mod tests {
         assert_eq!(names, ["b", "c"]);
         append(&log, line("d"))?;
         assert_eq!(tail.recorded()?.len(), 1);
+        // The whole log, from its oldest rotated file on.
+        std::fs::rename(&log, folder.join("audit-2026-11-26T20-00-00.000.log"))?;
+        append(&log, line("e"))?;
+        let names: Vec<_> = write_requests(&log)?
+            .into_iter()
+            .filter_map(|w| w.name)
+            .collect();
+        assert_eq!(names, ["before", "a", "b", "c", "d", "e"]);
         std::fs::remove_dir_all(&folder)?;
         Ok(())
     }

@@ -200,24 +200,38 @@ pub fn sample(metrics: &str, series: &str) -> Option<f64> {
 /// by any outgoing connection before the server under test binds it.
 const TEST_PORTS: std::ops::Range<u16> = 15000..30000;
 
+/// This process's share of [`TEST_PORTS`]: hack/run-tests.sh runs test
+/// binaries in lanes side by side (`CAIRN_TEST_LANE` of `CAIRN_TEST_LANES`),
+/// and a port one binary found free must not be found free by another
+/// before its server binds it.
+fn lane_ports() -> std::ops::Range<u16> {
+    let setting = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u16>().ok());
+    let lanes = setting("CAIRN_TEST_LANES").unwrap_or(1).max(1);
+    let lane = setting("CAIRN_TEST_LANE").unwrap_or(0).min(lanes - 1);
+    let share = (TEST_PORTS.end - TEST_PORTS.start) / lanes;
+    let start = TEST_PORTS.start + lane * share;
+    start..start + share
+}
+
 /// A loopback address with a port free right now, outside the ephemeral
-/// range and never handed out twice by this process.
+/// range, in this lane's share and never handed out twice by this process.
 pub fn free_address() -> Result<SocketAddr, Error> {
     use std::sync::atomic::{AtomicU32, Ordering};
     static NEXT: AtomicU32 = AtomicU32::new(0);
-    let span = u32::from(TEST_PORTS.end - TEST_PORTS.start);
-    // Test binaries run one after another; the pid spreads them apart.
+    let ports = lane_ports();
+    let span = u32::from(ports.end - ports.start);
+    // Test binaries of a lane run one after another; the pid spreads them apart.
     let start = std::process::id().wrapping_mul(7919) % span;
     for _ in 0..span {
         let offset = (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
-        let port = TEST_PORTS.start + offset as u16;
+        let port = ports.start + offset as u16;
         if let Ok(listener) = std::net::TcpListener::bind(("127.0.0.1", port)) {
             return listener
                 .local_addr()
                 .map_err(|e| Error::Setup(format!("no free port: {e}")));
         }
     }
-    Err(Error::Setup(format!("no free port in {TEST_PORTS:?}")))
+    Err(Error::Setup(format!("no free port in {ports:?}")))
 }
 
 /// A minimal HTTP/1.0 GET (the admin server speaks plain HTTP).
