@@ -121,7 +121,9 @@ build kubernetes k8s.io/kubernetes "$(k8s_version_ldflags)" \
   kubectl=k8s.io/kubernetes/cmd/kubectl \
   kubelet=k8s.io/kubernetes/cmd/kubelet \
   kube-proxy=k8s.io/kubernetes/cmd/kube-proxy
-build coredns github.com/coredns/coredns "-X github.com/coredns/coredns/coremain.GitCommit=$(pinned_version coredns github.com/coredns/coredns)" coredns=github.com/coredns/coredns
+# CoreDNS from the main package beside its pins: only the plugins the
+# Corefile uses (hack/tools/coredns/main.go).
+build coredns github.com/coredns/coredns "-X github.com/coredns/coredns/coremain.GitCommit=$(pinned_version coredns github.com/coredns/coredns)" coredns=.
 build local-path-provisioner github.com/rancher/local-path-provisioner "" local-path-provisioner=github.com/rancher/local-path-provisioner
 
 # The pause binary of every pod sandbox, from Kubernetes' own source (a static C

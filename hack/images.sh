@@ -128,10 +128,74 @@ node_images() {
   echo "$IMAGES/node"
 }
 
+RELEASE_BINARIES=(cairn-instance cairn-database-controller cairn-backup-controller cairn-cloud-controller)
+
+# What makes the release binaries: the toolchain and linker, the build
+# settings in the environment, the workspace manifest and lock file, and every
+# file of the workspace packages they are built from (their tests, benches
+# and examples left out) with each one's build script.
+release_inputs() {
+  rustc -vV
+  cargo -V
+  ld --version | head -n 1
+  env | grep -E '^(RUSTFLAGS|RUSTC|CARGO_ENCODED_RUSTFLAGS|CARGO_BUILD_|CARGO_PROFILE_|CAIRN_GIT_COMMIT)' | sort || true
+  cd "$CAIRN_ROOT"
+  cargo metadata --format-version 1 --locked | python3 -c '
+import json, os, sys
+wanted, root = sys.argv[1:], os.getcwd()
+meta = json.load(sys.stdin)
+members = {p["id"]: p for p in meta["packages"] if p["id"] in meta["workspace_members"]}
+nodes = {n["id"]: n for n in meta["resolve"]["nodes"]}
+todo = [i for i, p in members.items() if p["name"] in wanted]
+seen = set()
+while todo:
+    package = todo.pop()
+    if package in seen:
+        continue
+    seen.add(package)
+    for dep in nodes[package]["deps"]:
+        kinds = {k["kind"] for k in dep["dep_kinds"]}
+        if dep["pkg"] in members and kinds - {"dev"}:
+            todo.append(dep["pkg"])
+paths = {"Cargo.toml", "Cargo.lock"}
+for package in seen:
+    paths.add(os.path.relpath(os.path.dirname(members[package]["manifest_path"]), root))
+    for target in members[package]["targets"]:
+        if "custom-build" in target["kind"]:
+            paths.add(os.path.relpath(target["src_path"], root))
+print("\n".join(sorted(paths)))
+' "${RELEASE_BINARIES[@]}" |
+    xargs git ls-files --cached --others --exclude-standard -- |
+    grep -Ev '/(tests|benches|examples)/' | sort -u |
+    while IFS= read -r file; do [[ ! -f $file ]] || sha256sum "$file"; done
+}
+
+# The release binaries, cached by a hash of release_inputs: a fresh clone
+# would otherwise relink all four with fat LTO (minutes), as cargo's
+# fingerprints hold the clone's path. The newest three builds are kept.
+# Prints their folder.
+release_binaries() {
+  local key out binary
+  key=$(release_inputs | hash_of)
+  out=$IMAGES/release/$key
+  if [[ ! -d $out ]]; then
+    log "building the release binaries for the images"
+    cargo build --release --locked --quiet "${RELEASE_BINARIES[@]/#/--package=}"
+    rm -rf "$out.partial" && mkdir -p "$out.partial"
+    for binary in "${RELEASE_BINARIES[@]}"; do cp "$CARGO_TARGET_DIR/release/$binary" "$out.partial/"; done
+    mv "$out.partial" "$out"
+    # shellcheck disable=SC2012 # plain folder names
+    ls -1dt "$IMAGES"/release/*/ | tail -n +4 | xargs -r rm -rf
+  else
+    log "release binaries unchanged since their last build, reused"
+  fi
+  touch "$out"
+  echo "$out"
+}
+
 workspace_images() {
-  log "building the release binaries for the images"
-  cargo build --release --locked --quiet -p cairn-instance -p cairn-database-controller -p cairn-backup-controller -p cairn-cloud-controller
-  local release=$CARGO_TARGET_DIR/release version
+  local release version
+  release=$(release_binaries)
   version=$(cargo metadata --no-deps --format-version 1 --locked |
     python3 -c 'import json,sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "cairn-database-controller"))')
 

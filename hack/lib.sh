@@ -21,8 +21,10 @@ proc_stat() { [[ -r /proc/$1/stat ]] && sed 's/^.*) //' "/proc/$1/stat" 2>/dev/n
 proc_running() { local stat; stat=$(proc_stat "$1") && [[ ${stat%% *} != Z ]]; }
 
 # Version of a tool as pinned in its tools module (hack/tools/<component>/go.mod).
+# A require block's line names the module first, a lone require second.
 pinned_version() { # component module-path
-  awk -v m="$2" '$1 == m && $2 ~ /^v/ {print $2; exit}' "$CAIRN_ROOT/hack/tools/$1/go.mod"
+  awk -v m="$2" '$1 == "require" {$1 = ""; $0 = $0} $1 == m && $2 ~ /^v/ {print $2; exit}' \
+    "$CAIRN_ROOT/hack/tools/$1/go.mod"
 }
 
 # A component's optional Go build tags, one line (hack/tools/<component>/build-tags).
@@ -31,12 +33,15 @@ tool_build_tags() { # component
   [[ ! -f "$file" ]] || cat "$file"
 }
 
-# What decides a component's build: its pins and its build tags.
+# What decides a component's build: its pins, its build tags and the main
+# package of a custom build (CoreDNS with only the plugins the cluster uses).
 tool_inputs() { # component...
-  local component
+  local component dir
   for component in "$@"; do
-    cat "$CAIRN_ROOT/hack/tools/$component/go.mod" "$CAIRN_ROOT/hack/tools/$component/go.sum"
+    dir=$CAIRN_ROOT/hack/tools/$component
+    cat "$dir/go.mod" "$dir/go.sum"
     tool_build_tags "$component"
+    if compgen -G "$dir/*.go" >/dev/null; then cat "$dir"/*.go; fi
   done
 }
 

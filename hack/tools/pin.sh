@@ -22,7 +22,7 @@ GO_DIRECTIVE=${GO_DIRECTIVE:-1.26.0}
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod
 
 # new_module DIR MODULE_PATH TOOL_PACKAGE... : writes go.mod with tool directives.
-# A component's build-tags file is kept.
+# A component's build-tags file and main package are kept.
 new_module() {
   local dir=$1 path=$2; shift 2
   mkdir -p "$dir" && rm -f "$dir/go.mod" "$dir/go.sum"
@@ -84,9 +84,11 @@ new_module actionlint cairn.dev/hack/tools/actionlint
 (cd actionlint && go get -tool "github.com/rhysd/actionlint/cmd/actionlint@${ACTIONLINT_VERSION}")
 tidy actionlint
 
-# Real nodes: the cluster DNS, and the volume provisioner kind uses.
+# Real nodes: the cluster DNS, and the volume provisioner kind uses. CoreDNS
+# is built from coredns/main.go (its plugins the Corefile uses), which tidy
+# reads to keep only what those need.
 new_module coredns cairn.dev/hack/tools/coredns
-(cd coredns && go get -tool "github.com/coredns/coredns@${COREDNS_VERSION}")
+(cd coredns && go get "github.com/coredns/coredns@${COREDNS_VERSION}")
 tidy coredns
 
 new_module local-path-provisioner cairn.dev/hack/tools/local-path-provisioner
