@@ -151,7 +151,10 @@ impl LocalCluster {
     /// `helm install RELEASE charts/CHART --namespace NAMESPACE --wait ARGS…`
     /// with the pinned helm, as a user installs a controller. The chart's CRDs
     /// may exist already (the tests install them): they are handed to the
-    /// release first, as Helm requires to adopt an object.
+    /// release first, as Helm requires to adopt an object. A test running in
+    /// the other lane can create one between that and the install, which
+    /// Helm then refuses before it records the release: adopted again, the
+    /// install is retried.
     pub async fn helm_install(
         &self,
         chart: &str,
@@ -160,6 +163,40 @@ impl LocalCluster {
         args: &[&str],
     ) -> Result<(), Error> {
         self.build_chart_dependencies().await?;
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            self.hand_crds_to_release(chart, release, namespace).await?;
+            let output = tokio::process::Command::new(self.bin_dir().join("helm"))
+                .env("KUBECONFIG", self.state_dir().join("kubeconfig"))
+                .args(["install", release])
+                .arg(chart_dir(chart))
+                .args(["--namespace", namespace, "--wait", "--timeout", "3m"])
+                .args(args)
+                .output()
+                .await
+                .map_err(|e| Error::Setup(format!("helm: {e}")))?;
+            if output.status.success() {
+                return Ok(());
+            }
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            if attempts < 3 && stderr.contains("cannot be imported into the current release") {
+                continue;
+            }
+            return Err(Error::Setup(format!(
+                "helm install {chart} failed: {stderr}"
+            )));
+        }
+    }
+
+    /// Gives each of the chart's CRDs that exists the ownership labels and
+    /// annotations of `release`, and no conversion webhook.
+    async fn hand_crds_to_release(
+        &self,
+        chart: &str,
+        release: &str,
+        namespace: &str,
+    ) -> Result<(), Error> {
         let crds = chart_dir(chart).join("templates/crds");
         let entries = std::fs::read_dir(&crds)
             .map_err(|e| Error::Setup(format!("{}: {e}", crds.display())))?;
@@ -201,21 +238,6 @@ impl LocalCluster {
                 r#"[{"op":"replace","path":"/spec/conversion","value":{"strategy":"None"}}]"#;
             self.kubectl(&["patch", &crd, "--type=json", "-p", no_conversion])
                 .await?;
-        }
-        let output = tokio::process::Command::new(self.bin_dir().join("helm"))
-            .env("KUBECONFIG", self.state_dir().join("kubeconfig"))
-            .args(["install", release])
-            .arg(chart_dir(chart))
-            .args(["--namespace", namespace, "--wait", "--timeout", "3m"])
-            .args(args)
-            .output()
-            .await
-            .map_err(|e| Error::Setup(format!("helm: {e}")))?;
-        if !output.status.success() {
-            return Err(Error::Setup(format!(
-                "helm install {chart} failed: {}",
-                String::from_utf8_lossy(&output.stderr)
-            )));
         }
         Ok(())
     }
