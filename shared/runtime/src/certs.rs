@@ -9,13 +9,15 @@ use std::time::{Duration, SystemTime};
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceConversion;
+use kube::api::{GetParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::core::Request;
 use kube::{Api, Client};
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
     Issuer, KeyPair, KeyUsagePurpose, SanType,
 };
+use serde::Deserialize;
 use serde_json::json;
 
 /// Keys of a TLS Secret, as cert-manager names them.
@@ -248,6 +250,19 @@ fn ip_text(bytes: &[u8]) -> Option<String> {
     Some(ip.to_string())
 }
 
+/// The one part of a CRD the injection reads. A whole CRD is mostly its
+/// schema (174 KB of JSON for DatabaseCluster): parsed into typed structs,
+/// its pieces would leave an idle controller about 0.8 MiB larger.
+#[derive(Deserialize)]
+struct CrdConversion {
+    spec: ConversionSpec,
+}
+
+#[derive(Deserialize)]
+struct ConversionSpec {
+    conversion: Option<CustomResourceConversion>,
+}
+
 /// Writes `ca` into the conversion webhook `caBundle` of each CRD in
 /// `crd_names` that does not already hold it (no write when it does), unless
 /// the CRD converts through a Service other than `own_service`.
@@ -257,9 +272,12 @@ pub async fn inject_ca_bundle(
     ca: &str,
     own_service: Option<&str>,
 ) -> Result<(), kube::Error> {
-    let crds = Api::<CustomResourceDefinition>::all(client);
+    let crds = Request::new("/apis/apiextensions.k8s.io/v1/customresourcedefinitions");
     for name in crd_names {
-        let crd = crds.get(name).await?;
+        let get = crds
+            .get(name, &GetParams::default())
+            .map_err(kube::Error::BuildRequest)?;
+        let crd: CrdConversion = client.request(get).await?;
         let client_config = crd
             .spec
             .conversion
@@ -285,8 +303,10 @@ pub async fn inject_ca_bundle(
         let patch = json!({ "spec": { "conversion": { "webhook": { "clientConfig": {
             "caBundle": ByteString(ca.as_bytes().to_vec())
         } } } } });
-        crds.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
+        let patch = crds
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .map_err(kube::Error::BuildRequest)?;
+        client.request::<CrdConversion>(patch).await?;
     }
     Ok(())
 }
@@ -327,5 +347,37 @@ mod tests {
         assert!(validity(&ca.cert).is_some_and(|v| v.hosts.is_empty()));
         assert_eq!(validity("not a certificate"), None);
         assert!(!format!("{ca:?}{issued:?}").contains("PRIVATE"));
+    }
+
+    #[test]
+    fn a_crds_conversion_is_read_without_its_schema() {
+        let crd = json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": { "name": "databaseclusters.database.cairn.dev" },
+            "spec": {
+                "group": "database.cairn.dev",
+                "versions": [{ "name": "v1", "schema": { "openAPIV3Schema": { "type": "object" } } }],
+                "conversion": { "strategy": "Webhook", "webhook": {
+                    "conversionReviewVersions": ["v1"],
+                    "clientConfig": {
+                        "caBundle": "Y2E=",
+                        "service": { "name": "webhook", "namespace": "cairn-system" },
+                    },
+                } },
+            },
+        });
+        let read: CrdConversion = serde_json::from_value(crd).expect("parses");
+        let config = read
+            .spec
+            .conversion
+            .and_then(|c| c.webhook)
+            .and_then(|w| w.client_config)
+            .expect("a client config");
+        assert_eq!(config.ca_bundle, Some(ByteString(b"ca".to_vec())));
+        assert_eq!(config.service.map(|s| s.name).as_deref(), Some("webhook"));
+        let without: CrdConversion =
+            serde_json::from_value(json!({ "spec": { "group": "g" } })).expect("parses");
+        assert!(without.spec.conversion.is_none());
     }
 }
