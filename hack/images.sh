@@ -157,7 +157,7 @@ while todo:
         kinds = {k["kind"] for k in dep["dep_kinds"]}
         if dep["pkg"] in members and kinds - {"dev"}:
             todo.append(dep["pkg"])
-paths = {"Cargo.toml", "Cargo.lock"}
+paths = {"Cargo.toml", "Cargo.lock", ".cargo/config.toml"}
 for package in seen:
     paths.add(os.path.relpath(os.path.dirname(members[package]["manifest_path"]), root))
     for target in members[package]["targets"]:
