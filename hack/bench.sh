@@ -24,6 +24,10 @@
 #                                         its chart: promotion, write
 #                                         unavailability, rejoin, rows lost;
 #                                         with synchronous replication if asked
+#   hack/bench.sh footprint               the three controllers from their
+#                                         charts on the real nodes, idle: each
+#                                         replica's RSS (anonymous / mapped),
+#                                         threads, CPU
 #   hack/bench.sh cnpg-side-by-side [N]   Cairn's database controller, then
 #                                         CloudNativePG's operator (built from
 #                                         its pinned module on first use), each
@@ -44,9 +48,10 @@ case "$bench" in
     export CAIRN_POSTGRES_BINDIR
     exec cargo bench --locked -p cairn-instance --bench instance -- "${2:-10}" ;;
   failover) count=${2:-10} ;;
+  footprint) ;;
   backup) ;;
   cnpg-side-by-side) count=${2:-100} ;;
-  *) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
 
 if [[ $bench == backup ]]; then
@@ -86,13 +91,17 @@ if [[ $bench == backup ]]; then
   exit 0
 fi
 
-if [[ $bench == failover ]]; then
+if [[ $bench == failover || $bench == footprint ]]; then
   images=$(hack/images.sh workspace)
   STATE=$(mktemp -d "${TMPDIR:-/tmp}/cairn-bench.XXXXXX")/cluster
   trap 'hack/local-cluster.sh down "$STATE"; rmdir "$(dirname "$STATE")" 2>/dev/null || true' EXIT
   hack/local-cluster.sh up "$STATE"
   hack/local-cluster.sh import-images "$STATE" "$images"/*.tar
-  CAIRN_CLUSTER_STATE=$STATE cargo bench --locked -p cairn-e2e --bench failover -- "$count" "${@:3}"
+  if [[ $bench == failover ]]; then
+    CAIRN_CLUSTER_STATE=$STATE cargo bench --locked -p cairn-e2e --bench failover -- "$count" "${@:3}"
+  else
+    CAIRN_CLUSTER_STATE=$STATE cargo bench --locked -p cairn-e2e --bench controller_footprint
+  fi
   exit 0
 fi
 

@@ -171,7 +171,12 @@ pub async fn request_counts(client: &Client) -> Result<BTreeMap<String, f64>, Er
 /// A memory figure of a controller from /proc (`VmRSS:` now, `VmHWM:` the
 /// peak), in KiB.
 pub fn rss_kib(process: &ControllerProcess, field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", process.pid()?)).ok()?;
+    status_kib(process.pid()?, field)
+}
+
+/// A field of `/proc/PID/status` as a number (`VmRSS:` in KiB, `Threads:`).
+pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()
         .find_map(|l| l.strip_prefix(field))?
