@@ -95,7 +95,7 @@ stop_cluster() {
 
 start_cluster() {
   STATE=$(mktemp -d -t cairn-test.XXXXXX)/cluster
-  trap stop_cluster EXIT
+  trap 'stop_cluster; rm -f "$ARTIFACTS"' EXIT
   "$CAIRN_ROOT/hack/local-cluster.sh" up "$STATE"
   "$CAIRN_ROOT/hack/local-cluster.sh" import-images "$STATE" "$IMAGES"/*.tar
   # KUBECONFIG and the rest point at the test cluster, for cargo test and any
@@ -115,6 +115,7 @@ if [[ "${CAIRN_SKIP_LINT:-}" == 1 ]]; then log "== lint skipped (CAIRN_SKIP_LINT
 test_args=("$@")
 ((${#test_args[@]})) || test_args=(--workspace)
 ARTIFACTS=$(mktemp -t cairn-test-artifacts.XXXXXX)
+trap 'rm -f "$ARTIFACTS"' EXIT
 build_tests() {
   cargo test --locked --no-run --message-format=json-render-diagnostics "${test_args[@]}" >"$ARTIFACTS"
 }
