@@ -5,9 +5,9 @@
 //! it; after an idle minute, each replica's process as the node's kernel
 //! sees it: RSS (anonymous, and mapped from the image's files), threads and
 //! CPU seconds since it started. This is the figure a user's node pays; the
-//! database benchmark's local process authenticates with a client
-//! certificate from a kubeconfig file instead of a ServiceAccount token, and
-//! serves no webhook.
+//! database benchmark's local process reads a kubeconfig file (a YAML
+//! parser's code) instead of the pod's ServiceAccount files, and serves no
+//! webhook.
 //!
 //!   hack/bench.sh footprint
 
