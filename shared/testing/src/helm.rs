@@ -10,6 +10,15 @@ pub fn chart_dir(name: &str) -> PathBuf {
     crate::repo_root().join("charts").join(name)
 }
 
+/// Whether Helm failed because one of the chart's CRDs was created between
+/// its conflict check and its create.
+fn lost_crd_race(stderr: &str) -> bool {
+    stderr.lines().any(|line| {
+        line.contains("customresourcedefinitions.apiextensions.k8s.io")
+            && line.contains("already exists")
+    })
+}
+
 impl LocalCluster {
     /// Builds the charts' dependencies (`hack/charts.sh`: the library chart
     /// into each controller chart, those into the umbrella), once per test
@@ -152,9 +161,10 @@ impl LocalCluster {
     /// with the pinned helm, as a user installs a controller. The chart's CRDs
     /// may exist already (the tests install them): they are handed to the
     /// release first, as Helm requires to adopt an object. A test running in
-    /// the other lane can create one between that and the install, which
-    /// Helm then refuses before it records the release: adopted again, the
-    /// install is retried.
+    /// the other lane can create one between that and the install: before
+    /// Helm's conflict check, Helm refuses it and the install is retried once
+    /// it is adopted; after it, the create fails and the failed release is
+    /// uninstalled before the retry.
     pub async fn helm_install(
         &self,
         chart: &str,
@@ -181,6 +191,14 @@ impl LocalCluster {
             }
             let stderr = String::from_utf8_lossy(&output.stderr);
             if attempts < 3 && stderr.contains("cannot be imported into the current release") {
+                continue;
+            }
+            if attempts < 3 && lost_crd_race(&stderr) {
+                // Created after Helm's check: Helm recorded the release as
+                // failed, which must go before the name can be used again
+                // (the CRDs stay: `helm.sh/resource-policy: keep`).
+                self.helm(&["uninstall", release, "--namespace", namespace, "--wait"])
+                    .await?;
                 continue;
             }
             return Err(Error::Setup(format!(
@@ -253,5 +271,22 @@ impl LocalCluster {
         ])
         .await
         .map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_crd_created_meanwhile_is_a_lost_race() {
+        let lost = "Error: INSTALLATION FAILED: 1 error occurred:\n\t* customresourcedefinitions.apiextensions.k8s.io \"databaseclusters.database.cairn.dev\" already exists\n";
+        assert!(lost_crd_race(lost));
+        assert!(!lost_crd_race(
+            "Error: INSTALLATION FAILED: services \"x\" already exists"
+        ));
+        assert!(!lost_crd_race(
+            "Error: INSTALLATION FAILED: context deadline exceeded"
+        ));
     }
 }
