@@ -10,13 +10,27 @@ pub fn chart_dir(name: &str) -> PathBuf {
     crate::repo_root().join("charts").join(name)
 }
 
-/// Whether Helm failed because one of the chart's CRDs was created between
-/// its conflict check and its create.
-fn lost_crd_race(stderr: &str) -> bool {
-    stderr.lines().any(|line| {
-        line.contains("customresourcedefinitions.apiextensions.k8s.io")
-            && line.contains("already exists")
-    })
+/// How a test in the other lane creating one of the chart's CRDs made a
+/// `helm install` fail.
+#[derive(Debug, PartialEq, Eq)]
+enum CrdRace {
+    /// Before Helm's conflict check: it refused, recording nothing.
+    BeforeCheck,
+    /// After it: Helm's create failed, the release recorded as failed.
+    AfterCheck,
+}
+
+fn crd_race(failure: &str) -> Option<CrdRace> {
+    if failure.contains("cannot be imported into the current release") {
+        return Some(CrdRace::BeforeCheck);
+    }
+    failure
+        .lines()
+        .any(|line| {
+            line.contains("customresourcedefinitions.apiextensions.k8s.io")
+                && line.contains("already exists")
+        })
+        .then_some(CrdRace::AfterCheck)
 }
 
 impl LocalCluster {
@@ -172,38 +186,30 @@ impl LocalCluster {
         namespace: &str,
         args: &[&str],
     ) -> Result<(), Error> {
-        self.build_chart_dependencies().await?;
+        let chart_path = chart_dir(chart).to_string_lossy().into_owned();
+        let mut install = vec!["install", release, chart_path.as_str()];
+        install.extend(["--namespace", namespace, "--wait", "--timeout", "3m"]);
+        install.extend(args);
         let mut attempts = 0;
         loop {
             attempts += 1;
             self.hand_crds_to_release(chart, release, namespace).await?;
-            let output = tokio::process::Command::new(self.bin_dir().join("helm"))
-                .env("KUBECONFIG", self.state_dir().join("kubeconfig"))
-                .args(["install", release])
-                .arg(chart_dir(chart))
-                .args(["--namespace", namespace, "--wait", "--timeout", "3m"])
-                .args(args)
-                .output()
-                .await
-                .map_err(|e| Error::Setup(format!("helm: {e}")))?;
-            if output.status.success() {
-                return Ok(());
+            let failure = match self.helm(&install).await {
+                Ok(_) => return Ok(()),
+                Err(Error::Setup(failure)) if attempts < 3 => failure,
+                Err(e) => return Err(e),
+            };
+            match crd_race(&failure) {
+                Some(CrdRace::BeforeCheck) => {}
+                // Helm recorded the release as failed, which must go before
+                // the name can be used again (the CRDs stay:
+                // `helm.sh/resource-policy: keep`).
+                Some(CrdRace::AfterCheck) => {
+                    self.helm(&["uninstall", release, "--namespace", namespace, "--wait"])
+                        .await?;
+                }
+                None => return Err(Error::Setup(failure)),
             }
-            let stderr = String::from_utf8_lossy(&output.stderr);
-            if attempts < 3 && stderr.contains("cannot be imported into the current release") {
-                continue;
-            }
-            if attempts < 3 && lost_crd_race(&stderr) {
-                // Created after Helm's check: Helm recorded the release as
-                // failed, which must go before the name can be used again
-                // (the CRDs stay: `helm.sh/resource-policy: keep`).
-                self.helm(&["uninstall", release, "--namespace", namespace, "--wait"])
-                    .await?;
-                continue;
-            }
-            return Err(Error::Setup(format!(
-                "helm install {chart} failed: {stderr}"
-            )));
         }
     }
 
@@ -280,13 +286,17 @@ mod tests {
 
     #[test]
     fn only_a_crd_created_meanwhile_is_a_lost_race() {
-        let lost = "Error: INSTALLATION FAILED: 1 error occurred:\n\t* customresourcedefinitions.apiextensions.k8s.io \"databaseclusters.database.cairn.dev\" already exists\n";
-        assert!(lost_crd_race(lost));
-        assert!(!lost_crd_race(
-            "Error: INSTALLATION FAILED: services \"x\" already exists"
-        ));
-        assert!(!lost_crd_race(
-            "Error: INSTALLATION FAILED: context deadline exceeded"
-        ));
+        let after = "Error: INSTALLATION FAILED: 1 error occurred:\n\t* customresourcedefinitions.apiextensions.k8s.io \"databaseclusters.database.cairn.dev\" already exists\n";
+        assert_eq!(crd_race(after), Some(CrdRace::AfterCheck));
+        let before = "Error: INSTALLATION FAILED: Unable to continue with install: CustomResourceDefinition \"databaseclusters.database.cairn.dev\" in namespace \"\" exists and cannot be imported into the current release: invalid ownership metadata";
+        assert_eq!(crd_race(before), Some(CrdRace::BeforeCheck));
+        assert_eq!(
+            crd_race("Error: INSTALLATION FAILED: services \"x\" already exists"),
+            None
+        );
+        assert_eq!(
+            crd_race("Error: INSTALLATION FAILED: context deadline exceeded"),
+            None
+        );
     }
 }
