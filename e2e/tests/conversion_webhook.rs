@@ -5,7 +5,9 @@
 use cairn_api::database::conversion;
 use cairn_testing::{cluster, https};
 use k8s_openapi::ByteString;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::WebhookClientConfig;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, WebhookClientConfig,
+};
 use kube::Api;
 use kube::api::{DynamicObject, PostParams};
 use serde_json::{Value, json};
@@ -124,6 +126,23 @@ async fn objects_read_the_same_in_both_versions_through_the_webhook() -> Result 
             other => panic!("changing {field} through v1alpha1 must be rejected, got {other:?}"),
         }
     }
+
+    // Another test installing the v1-only form the tests use leaves v1alpha1
+    // served through this webhook (the lanes share the CRD).
+    cairn_testing::crds::install(
+        &ns.client,
+        &cairn_api::crds::for_chart("cairn-database-controller"),
+    )
+    .await?;
+    let crd = Api::<CustomResourceDefinition>::all(ns.client.clone())
+        .get("databaseclusters.database.cairn.dev")
+        .await?;
+    let mut served: Vec<_> = crd.spec.versions.iter().map(|v| v.name.as_str()).collect();
+    served.sort();
+    assert_eq!(served, ["v1", "v1alpha1"]);
+    let webhook = crd.spec.conversion.and_then(|c| c.webhook);
+    let url = webhook.and_then(|w| w.client_config).and_then(|c| c.url);
+    assert_eq!(url, Some(format!("{}/convert", server.url)));
 
     // Clients of the deprecated version are told so.
     let listed = cluster()

@@ -20,9 +20,6 @@ async fn replace_webhook_client(
     let Some(conversion) = crd.spec.conversion.as_ref() else {
         return Ok(());
     };
-    if api.get_opt(&crd.name_any()).await?.is_none() {
-        return Ok(());
-    }
     let mut desired = serde_json::to_value(conversion)
         .map_err(|e| Error::Setup(format!("CRD conversion as JSON: {e}")))?;
     if let Some(client) = desired.pointer_mut("/webhook/clientConfig") {
@@ -42,13 +39,69 @@ async fn replace_webhook_client(
     Ok(())
 }
 
+/// Whether `installed` already serves everything `desired` describes: the
+/// same names and scope, each desired version as desired, and no conversion
+/// asked for. The charts install DatabaseCluster serving v1alpha1 too, through
+/// their webhook; applying the tests' v1-only form over it would take
+/// v1alpha1 away from every other test sharing the cluster.
+fn already_served(
+    installed: &CustomResourceDefinition,
+    desired: &CustomResourceDefinition,
+) -> bool {
+    if desired.spec.conversion.is_some() {
+        return false;
+    }
+    let (Ok(mut installed_spec), Ok(mut desired_spec)) = (
+        serde_json::to_value(&installed.spec),
+        serde_json::to_value(&desired.spec),
+    ) else {
+        return false;
+    };
+    let installed_versions = installed_spec["versions"].take();
+    let desired_versions = desired_spec["versions"].take();
+    installed_spec["conversion"].take();
+    let Some(desired_versions) = desired_versions.as_array() else {
+        return false;
+    };
+    contains(&installed_spec, &desired_spec)
+        && desired_versions.iter().all(|version| {
+            installed_versions
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|served| served["name"] == version["name"] && contains(served, version))
+        })
+}
+
+/// Whether `actual` has every field `expected` sets, with the same value
+/// (fields the API server defaulted are ignored).
+fn contains(actual: &serde_json::Value, expected: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match (actual, expected) {
+        (_, Value::Null) => true,
+        (Value::Object(actual), Value::Object(expected)) => expected
+            .iter()
+            .all(|(key, value)| contains(actual.get(key).unwrap_or(&Value::Null), value)),
+        (Value::Array(actual), Value::Array(expected)) => {
+            actual.len() == expected.len()
+                && actual.iter().zip(expected).all(|(a, e)| contains(a, e))
+        }
+        _ => actual == expected,
+    }
+}
+
 /// Applies `crds` (server-side apply, so reinstalling is an update) and waits
-/// until each is `Established`, i.e. its kinds can be created.
+/// until each is `Established`, i.e. its kinds can be created. A CRD that
+/// already serves what is asked is left as it is (see [`already_served`]).
 pub async fn install(client: &Client, crds: &[CustomResourceDefinition]) -> Result<(), Error> {
     let api = Api::<CustomResourceDefinition>::all(client.clone());
     let params = PatchParams::apply(FIELD_MANAGER).force();
     for crd in crds {
-        replace_webhook_client(&api, crd).await?;
+        match api.get_opt(&crd.name_any()).await? {
+            Some(installed) if already_served(&installed, crd) => continue,
+            Some(_) => replace_webhook_client(&api, crd).await?,
+            None => {}
+        }
         api.patch(&crd.name_any(), &params, &Patch::Apply(crd))
             .await?;
     }
@@ -63,4 +116,53 @@ pub async fn install(client: &Client, crds: &[CustomResourceDefinition]) -> Resu
         .await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn database_cluster_as_tests_install() -> CustomResourceDefinition {
+        cairn_api::crds::for_chart("cairn-database-controller").remove(0)
+    }
+
+    fn database_cluster_as_charts_install() -> CustomResourceDefinition {
+        cairn_api::crds::database_cluster_with_conversion(Default::default())
+    }
+
+    #[test]
+    fn a_crd_serving_more_versions_is_left_to_serve_them() {
+        let charts = database_cluster_as_charts_install();
+        assert!(already_served(
+            &charts,
+            &database_cluster_as_tests_install()
+        ));
+    }
+
+    #[test]
+    fn a_crd_lacking_a_version_or_a_field_is_applied() {
+        let tests = database_cluster_as_tests_install();
+        let mut older = tests.clone();
+        older.spec.versions[0].schema = None;
+        assert!(!already_served(&older, &tests));
+        let mut renamed = tests.clone();
+        renamed.spec.versions[0].name = "v2".into();
+        assert!(!already_served(&renamed, &tests));
+        assert!(
+            !already_served(&tests, &database_cluster_as_charts_install()),
+            "a conversion asked for is always applied"
+        );
+    }
+
+    #[test]
+    fn fields_the_api_server_defaulted_do_not_count() {
+        assert!(contains(
+            &json!({ "a": 1, "b": [{ "c": 2, "d": 3 }] }),
+            &json!({ "b": [{ "c": 2 }] })
+        ));
+        assert!(!contains(&json!({ "b": [1, 2] }), &json!({ "b": [1] })));
+        assert!(!contains(&json!({ "a": 1 }), &json!({ "a": 2 })));
+        assert!(!contains(&json!({}), &json!({ "a": 1 })));
+    }
 }
