@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Patch, PatchParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 
 use crate::{Error, wait};
@@ -90,20 +90,42 @@ fn contains(actual: &serde_json::Value, expected: &serde_json::Value) -> bool {
     }
 }
 
-/// Applies `crds` (server-side apply, so reinstalling is an update) and waits
-/// until each is `Established`, i.e. its kinds can be created. A CRD that
-/// already serves what is asked is left as it is (see [`already_served`]).
+/// Leaves `crd` as it is when it already serves what is asked, applies it
+/// over a different one, and creates it when there is none: an apply racing a
+/// chart's create of the same CRD would replace the chart's versions.
+async fn install_one(
+    api: &Api<CustomResourceDefinition>,
+    crd: &CustomResourceDefinition,
+) -> Result<(), Error> {
+    let name = crd.name_any();
+    for _ in 0..3 {
+        match api.get_opt(&name).await? {
+            Some(installed) if already_served(&installed, crd) => return Ok(()),
+            Some(_) => {
+                replace_webhook_client(api, crd).await?;
+                let params = PatchParams::apply(FIELD_MANAGER).force();
+                api.patch(&name, &params, &Patch::Apply(crd)).await?;
+                return Ok(());
+            }
+            None => match api.create(&PostParams::default(), crd).await {
+                Err(kube::Error::Api(status)) if status.code == 409 => continue,
+                created => return created.map(drop).map_err(Error::from),
+            },
+        }
+    }
+    Err(Error::Setup(format!(
+        "CRD {name} was created and deleted by others three times over"
+    )))
+}
+
+/// Installs `crds` (server-side apply over an installed one, so reinstalling
+/// is an update) and waits until each is `Established`, i.e. its kinds can be
+/// created. A CRD that already serves what is asked is left as it is (see
+/// [`already_served`]).
 pub async fn install(client: &Client, crds: &[CustomResourceDefinition]) -> Result<(), Error> {
     let api = Api::<CustomResourceDefinition>::all(client.clone());
-    let params = PatchParams::apply(FIELD_MANAGER).force();
     for crd in crds {
-        match api.get_opt(&crd.name_any()).await? {
-            Some(installed) if already_served(&installed, crd) => continue,
-            Some(_) => replace_webhook_client(&api, crd).await?,
-            None => {}
-        }
-        api.patch(&crd.name_any(), &params, &Patch::Apply(crd))
-            .await?;
+        install_one(&api, crd).await?;
     }
     for crd in crds {
         wait::for_object(
