@@ -34,7 +34,10 @@ use std::time::{Duration, Instant};
 use cairn_api::database::v1::DatabaseCluster;
 use cairn_testing::process::{ControllerProcess, free_address, http_get};
 use cairn_testing::{Error, audit, cluster, wait};
-use common::{create, process_cpu_seconds, request_counts, rss_kib, start_controller, until_ready};
+use common::{
+    create, election_lease, process_cpu_seconds, request_counts, rss_kib, start_controller,
+    until_ready,
+};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
@@ -548,13 +551,6 @@ where
         }
     }
     Ok(())
-}
-
-/// A write to a Lease that is not a cluster's (Cairn's per-cluster
-/// membership Leases are named after their cluster, `db-…`): the operator's
-/// leader election, renewed every few seconds whatever the load.
-fn election_lease(write: &audit::WriteRequest) -> bool {
-    write.resource == "leases" && !write.name.as_deref().is_some_and(|n| n.starts_with("db-"))
 }
 
 /// `verb resource[/subresource]` of a write.

@@ -33,8 +33,8 @@ use cairn_api::database::v1::DatabaseCluster;
 use cairn_testing::process::ControllerProcess;
 use cairn_testing::{Error, audit, cluster, wait};
 use common::{
-    create, process_cpu_seconds, request_counts, rss_kib, start_controller, start_replica,
-    until_ready, until_ready_to_serve,
+    create, election_lease, process_cpu_seconds, request_counts, rss_kib, start_controller,
+    start_replica, until_ready, until_ready_to_serve,
 };
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::Api;
@@ -90,7 +90,7 @@ async fn main() -> Result<(), Error> {
         .into_iter()
         .filter(|w| w.user == user && w.namespace.as_deref() == Some(namespace.name.as_str()))
         .skip(idle_from)
-        .filter(|w| w.resource != "leases")
+        .filter(|w| !election_lease(w))
         .count();
 
     println!("\n## {count} single-instance DatabaseClusters\n");
@@ -124,7 +124,7 @@ async fn main() -> Result<(), Error> {
     }
     let mut by_verb: BTreeMap<String, usize> = BTreeMap::new();
     for write in &controller_writes {
-        if write.resource != "leases" {
+        if !election_lease(write) {
             *by_verb
                 .entry(format!("{} {}", write.verb, write.resource))
                 .or_default() += 1;
@@ -236,7 +236,7 @@ async fn cold_start_and_takeover(
     let ours = |w: &cairn_testing::audit::WriteRequest| {
         w.user == user
             && w.namespace.as_deref() == Some(namespace.name.as_str())
-            && w.resource != "leases"
+            && !election_lease(w)
     };
     let log = cluster().audit_log();
     let before = audit::write_requests(&log)?

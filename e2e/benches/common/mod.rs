@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use cairn_api::database::v1::{DatabaseCluster, DatabaseClusterSpec};
 use cairn_testing::process::ControllerProcess;
-use cairn_testing::{Error, TestNamespace, cluster, crds, wait};
+use cairn_testing::{Error, TestNamespace, audit, cluster, crds, wait};
 use futures::{StreamExt, TryStreamExt};
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
@@ -204,4 +204,11 @@ pub fn process_cpu_seconds(pid: u32) -> Option<f64> {
     let utime: f64 = fields.get(11)?.parse().ok()?;
     let stime: f64 = fields.get(12)?.parse().ok()?;
     Some((utime + stime) / ticks)
+}
+
+/// A write to a Lease that is not a cluster's (Cairn's per-cluster
+/// membership Leases are named after their cluster, `db-…`): the operator's
+/// leader election, renewed every few seconds whatever the load.
+pub fn election_lease(write: &audit::WriteRequest) -> bool {
+    write.resource == "leases" && !write.name.as_deref().is_some_and(|n| n.starts_with("db-"))
 }
