@@ -517,7 +517,7 @@ async fn converge_figures(
     Ok(())
 }
 
-/// One idle minute: the operator's writes (leases apart), reconciles, CPU,
+/// One idle minute: the operator's writes (leader election apart), reconciles, CPU,
 /// and its RSS at the end.
 async fn idle_minute<F, Fut>(
     figures: &mut Figures,
