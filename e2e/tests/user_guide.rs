@@ -4,6 +4,7 @@
 //! an API server is `api/tests/user_guide_examples.rs`.
 
 use cairn_testing::cluster;
+use cairn_testing::json::contains;
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, PostParams};
 use serde_json::Value;
@@ -28,23 +29,6 @@ fn resource(api_version: &str, kind: &str) -> Option<ApiResource> {
             kind: kind.to_owned(),
             plural: crd.spec.names.plural,
         })
-}
-
-/// Whether everything `expected` sets is in `actual` (which may hold more:
-/// defaults).
-fn contains(actual: &Value, expected: &Value) -> bool {
-    match (actual, expected) {
-        (Value::Object(actual), Value::Object(expected)) => expected
-            .iter()
-            .all(|(key, value)| actual.get(key).is_some_and(|a| contains(a, value))),
-        (Value::Array(actual), Value::Array(expected)) => {
-            actual.len() == expected.len()
-                && actual.iter().zip(expected).all(|(a, e)| contains(a, e))
-        }
-        // YAML's 1 and the server's 1.0 are the same number.
-        (Value::Number(a), Value::Number(e)) => a.as_f64() == e.as_f64(),
-        _ => actual == expected,
-    }
 }
 
 #[tokio::test]

@@ -24,6 +24,7 @@ pub mod fake_api;
 pub mod faults;
 pub mod helm;
 pub mod https;
+pub mod json;
 mod namespace;
 pub mod process;
 pub mod s3;
