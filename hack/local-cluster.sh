@@ -45,6 +45,8 @@
 # at 100 requests/s (unless set above) with 20 concurrent StatefulSet, Job
 # and ReplicaSet syncs (upstream: 5), kube-scheduler at 200 requests/s
 # (upstream: 50).
+# CAIRN_APISERVER_PROFILING=true: serve kube-apiserver's /debug/pprof (to
+# the admin client certificate), to see where its CPU goes under a benchmark.
 #
 # STATE_DIR defaults to $CAIRN_CACHE/clusters/dev. It holds certificates, the
 # admin kubeconfig, the etcd data, logs and pid files; `env` lists what is where.
@@ -61,6 +63,9 @@ case ${CAIRN_CONTROL_PLANE:-default} in
   large) MANAGER_QPS=${CAIRN_CONTROLLER_MANAGER_QPS:-100} WORKLOAD_SYNCS=20 SCHEDULER_QPS=200 ;;
   *) die "CAIRN_CONTROL_PLANE=$CAIRN_CONTROL_PLANE: default or large" ;;
 esac
+APISERVER_PROFILING=${CAIRN_APISERVER_PROFILING:-false}
+[[ $APISERVER_PROFILING == true || $APISERVER_PROFILING == false ]] ||
+  die "CAIRN_APISERVER_PROFILING=$APISERVER_PROFILING: true or false"
 [[ $MANAGER_QPS =~ ^[0-9]+$ ]] || die "CAIRN_CONTROLLER_MANAGER_QPS=$MANAGER_QPS: a whole number"
 [[ $REAL_NODES =~ ^[0-3]$ ]] || die "CAIRN_REAL_NODES=$REAL_NODES: 0 to 3"
 # Taint and annotation of the kwok nodes: only pods that tolerate it land there.
@@ -241,7 +246,7 @@ POLICY
     --enable-admission-plugins=PodNodeSelector,PodTolerationRestriction \
     --audit-policy-file="$STATE/audit-policy.yaml" --audit-log-path="$STATE/logs/audit.log" \
     --audit-log-format=json --audit-log-mode=batch --audit-log-batch-max-wait=1s \
-    --profiling=false
+    --profiling="$APISERVER_PROFILING"
   wait_for kube-apiserver "kube-apiserver to be ready" apiserver_get /readyz
 }
 
@@ -305,8 +310,11 @@ status:
   capacity: {cpu: "32", memory: 128Gi, pods: "1000"}
 NODE
   done | kubectl_ apply -f - >/dev/null
-  # Immediate binding: kwok pods have no kubelet to wait for a first consumer.
-  # `standard` (the default) allows volume expansion, `fixed` does not.
+  # Bound when the scheduler has picked a node, as a production class is: with
+  # Immediate binding the scheduler fails each new pod of a StatefulSet (its
+  # claim is not bound yet) and retries with backoff, a Scheduled-False status
+  # patch and an Event each time. `standard` (the default) allows volume
+  # expansion, `fixed` does not.
   kubectl_ apply -f - >/dev/null <<'SC'
 apiVersion: storage.k8s.io/v1
 kind: StorageClass
@@ -316,7 +324,7 @@ metadata:
     storageclass.kubernetes.io/is-default-class: "true"
 provisioner: kubernetes.io/host-path
 reclaimPolicy: Delete
-volumeBindingMode: Immediate
+volumeBindingMode: WaitForFirstConsumer
 allowVolumeExpansion: true
 ---
 apiVersion: storage.k8s.io/v1
@@ -325,7 +333,7 @@ metadata:
   name: fixed
 provisioner: kubernetes.io/host-path
 reclaimPolicy: Delete
-volumeBindingMode: Immediate
+volumeBindingMode: WaitForFirstConsumer
 allowVolumeExpansion: false
 SC
 }

@@ -507,6 +507,7 @@ mod tests {
             code: Some(200),
             received: format!("2026-11-26T10:00:{at}.000000Z"),
             pod: Some(pod.into()),
+            client: None,
         }
     }
 

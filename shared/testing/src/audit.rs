@@ -30,6 +30,9 @@ pub struct WriteRequest {
     /// The pod whose ServiceAccount token made the request (bound tokens
     /// name it): tells the replicas of one controller apart.
     pub pod: Option<String>,
+    /// The client program, from its user agent (`kube-controller-manager`
+    /// of `kube-controller-manager/v1.36.3 (linux/amd64) ...`).
+    pub client: Option<String>,
 }
 
 /// Every write request recorded in `log` so far, its rotated files included:
@@ -194,6 +197,10 @@ fn parse(text: &str) -> Vec<WriteRequest> {
             name: event.object_ref.name,
             code: event.response_status.and_then(|s| s.code),
             received: event.request_received_timestamp,
+            client: event
+                .user_agent
+                .and_then(|agent| Some(agent.split(['/', ' ']).next()?.to_owned()))
+                .filter(|program| !program.is_empty()),
         })
         .collect()
 }
@@ -210,6 +217,7 @@ struct Event {
     response_status: Option<ResponseStatus>,
     #[serde(default)]
     request_received_timestamp: String,
+    user_agent: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -238,6 +246,36 @@ struct ResponseStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_client_is_the_program_its_user_agent_names() {
+        let line = |agent: &str| {
+            format!(
+                concat!(
+                    r#"{{"stage":"ResponseComplete","verb":"create","user":{{"username":"u"}},"#,
+                    r#""objectRef":{{"resource":"pods"}}{}}}"#
+                ),
+                agent
+            )
+        };
+        let log = [
+            line(r#","userAgent":"kube-scheduler/v1.36.3 (linux/amd64) kubernetes/abc""#),
+            line(r#","userAgent":"kwok""#),
+            line(r#","userAgent":"""#),
+            line(""),
+        ]
+        .join("\n");
+        let clients: Vec<_> = parse(&log).into_iter().map(|w| w.client).collect();
+        assert_eq!(
+            clients,
+            [
+                Some("kube-scheduler".to_owned()),
+                Some("kwok".to_owned()),
+                None,
+                None
+            ]
+        );
+    }
 
     #[test]
     fn the_log_is_read_on_across_rotations() -> Result<(), Box<dyn std::error::Error>> {
