@@ -199,7 +199,7 @@ fn parse(text: &str) -> Vec<WriteRequest> {
             received: event.request_received_timestamp,
             client: event
                 .user_agent
-                .and_then(|agent| Some(agent.split(['/', ' ']).next()?.to_owned()))
+                .and_then(|agent| agent.split(['/', ' ']).next().map(str::to_owned))
                 .filter(|program| !program.is_empty()),
         })
         .collect()
