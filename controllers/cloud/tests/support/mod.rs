@@ -19,6 +19,12 @@ pub type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
 pub const CHART: &str = "cairn-cloud-controller";
 pub const TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The chart's CRDs, before a test or a controller uses their kinds: a test
+/// binary may be the first on the cluster to need them.
+async fn install_crds(namespace: &TestNamespace) -> std::result::Result<(), Error> {
+    crds::install(&namespace.client, &cairn_api::crds::for_chart(CHART)).await
+}
+
 /// The controller binary with its chart's RBAC, watching `namespace`, its
 /// ServiceAccount and Lease there too.
 pub async fn controller(
@@ -35,7 +41,7 @@ pub async fn controller_as(
     env: &[(&str, &str)],
 ) -> std::result::Result<ControllerProcess, Error> {
     let local = cluster();
-    crds::install(&namespace.client, &cairn_api::crds::for_chart(CHART)).await?;
+    install_crds(namespace).await?;
     let account = local
         .install_controller_rbac(CHART, "cloud", &namespace.name)
         .await?;
@@ -63,7 +69,7 @@ pub async fn controller_watching(
     watched: &TestNamespace,
 ) -> std::result::Result<ControllerProcess, Error> {
     let local = cluster();
-    crds::install(&home.client, &cairn_api::crds::for_chart(CHART)).await?;
+    install_crds(home).await?;
     let release = format!("{}-cloud", home.name);
     let account = local
         .install_controller_rbac_watching(CHART, &release, &home.name, "")
@@ -93,6 +99,7 @@ pub async fn provider_at(
     endpoint: &str,
     rate_limit: Option<serde_json::Value>,
 ) -> Result {
+    install_crds(namespace).await?;
     let secret: Secret = serde_json::from_value(json!({
         "metadata": { "name": "moto-credentials" },
         "stringData": { "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing" },
