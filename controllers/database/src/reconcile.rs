@@ -1116,13 +1116,7 @@ async fn grow_storage(ctx: &Context, cluster: &DatabaseCluster) -> Result<Option
             return Ok(Some(class));
         }
         let patch = json!({ "spec": { "resources": { "requests": { "storage": cluster.spec.storage.size } } } });
-        claims
-            .patch(
-                &claim.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await?;
+        ctx.applier.merge_patch(&claims, &*claim, &patch).await?;
     }
     Ok(None)
 }
@@ -1312,12 +1306,10 @@ async fn label_roles(
             "labels": { ROLE_LABEL: role },
             "annotations": { BOOTSTRAP_ANNOTATION: bootstrap },
         }});
-        api.patch(
-            &pod.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await?;
+        // Through the applier: a Pod cache lagging this write (a new
+        // leader's, after an API server outage) must not get it again at
+        // every heartbeat.
+        ctx.applier.merge_patch(&api, &*pod, &patch).await?;
     }
     Ok(())
 }

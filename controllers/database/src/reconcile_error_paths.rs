@@ -12,11 +12,21 @@ use cairn_runtime::manager::Classify;
 use cairn_testing::fake_api::{Answer, FakeApi, Fault, Recorded};
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::store;
+use kube::runtime::watcher;
 
 use super::*;
 use crate::fixtures;
 
 fn context(client: Client) -> Arc<Context> {
+    context_with_pods(client, &[])
+}
+
+/// [`context`] with `pods` in the Pod cache, which shows no later change.
+fn context_with_pods(client: Client, pods: &[Pod]) -> Arc<Context> {
+    let (pod_store, mut pod_writer) = store();
+    for pod in pods {
+        pod_writer.apply_watcher_event(&watcher::Event::Apply(pod.clone()));
+    }
     let caches = Caches {
         stateful_sets: store().0,
         services: store().0,
@@ -26,7 +36,7 @@ fn context(client: Client) -> Arc<Context> {
         roles: store().0,
         role_bindings: store().0,
         disruption_budgets: store().0,
-        pods: store().0,
+        pods: pod_store,
         claims: store().0,
         leases: store().0,
     };
@@ -274,4 +284,37 @@ async fn a_status_the_cache_has_not_shown_is_not_written_again_a_second_later() 
     tokio::time::sleep(Duration::from_millis(1100)).await;
     reconcile(cluster, ctx).await.expect("reconciled again");
     assert_eq!(status_writes(), 1, "{:#?}", fake.writes());
+}
+
+/// A Pod cache that has not shown the role label written (a new leader's
+/// watch failing after an API server outage, while heartbeats keep waking
+/// it) gets no second patch of the same label.
+#[tokio::test]
+async fn a_role_label_the_pod_cache_has_not_shown_is_not_patched_again() {
+    let cluster = Arc::new(fixtures::cluster(1, &[]));
+    let (fake, client) = fake_with(&cluster);
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "name": "orders-0", "namespace": "shop", "resourceVersion": "3",
+            "labels": { "app.kubernetes.io/instance": "orders" },
+        },
+    }))
+    .expect("a pod");
+    fake.put(
+        "/api/v1/namespaces/shop/pods/orders-0",
+        serde_json::to_value(&pod).expect("serializes"),
+    );
+    let ctx = context_with_pods(client, &[pod]);
+    let pod_patches = || {
+        fake.writes()
+            .iter()
+            .filter(|w| w.to_string().ends_with("/pods/orders-0"))
+            .count()
+    };
+    reconcile(cluster.clone(), ctx.clone())
+        .await
+        .expect("reconciled");
+    assert_eq!(pod_patches(), 1, "labelled: {:#?}", fake.writes());
+    reconcile(cluster, ctx).await.expect("reconciled again");
+    assert_eq!(pod_patches(), 1, "{:#?}", fake.writes());
 }

@@ -165,6 +165,36 @@ impl Applier {
         Ok(Some(written))
     }
 
+    /// Merge-patches `patch` onto `current` (the object as the controller
+    /// read it, from its cache), unless this process sent exactly `patch`
+    /// over the version `current` still shows. For the few fields a
+    /// controller sets on objects it does not own (a pod's role label), where
+    /// an apply would take over fields others manage. The caller decides
+    /// that `current` lacks what `patch` sets.
+    pub async fn merge_patch<K>(
+        &self,
+        api: &Api<K>,
+        current: &K,
+        patch: &Value,
+    ) -> Result<Outcome, kube::Error>
+    where
+        K: Resource + Clone + Debug + DeserializeOwned,
+        K::DynamicType: Default,
+    {
+        let key = written_key(current, "/merge");
+        if self.recently_written_over(&key, patch, current) {
+            return Ok(Outcome::Unchanged);
+        }
+        api.patch(
+            &current.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(patch),
+        )
+        .await?;
+        self.remember(key, patch.clone(), current);
+        Ok(Outcome::Applied)
+    }
+
     /// `object` with the status this process last wrote over the version
     /// `object` shows, while the cache lags that write (within
     /// [`WRITTEN_MEMORY`]). A reconcile then builds on the status the API
@@ -358,6 +388,62 @@ mod tests {
             Outcome::Applied
         );
         assert_eq!(patches(), 3);
+        Ok(())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_merge_patch_the_lagging_cache_has_not_shown_is_not_repeated()
+    -> Result<(), kube::Error> {
+        use k8s_openapi::api::core::v1::Pod;
+        let (fake, client) = cairn_testing::fake_api::FakeApi::new();
+        fake.put(
+            "/api/v1/namespaces/shop/pods/db-0",
+            serde_json::json!({ "metadata": { "name": "db-0", "namespace": "shop",
+                                              "resourceVersion": "5" } }),
+        );
+        let api = Api::<Pod>::namespaced(client, "shop");
+        let cached = api.get("db-0").await?;
+        let label = |role: &str| serde_json::json!({ "metadata": { "labels": { "role": role } } });
+        let patches = || fake.writes().len();
+        let applier = Applier::default();
+
+        let patch = label("primary");
+        assert_eq!(
+            applier.merge_patch(&api, &cached, &patch).await?,
+            Outcome::Applied
+        );
+        // A reconcile a second later, from a cache that has not shown it.
+        assert_eq!(
+            applier.merge_patch(&api, &cached, &patch).await?,
+            Outcome::Unchanged
+        );
+        assert_eq!(patches(), 1, "not patched again over the same version");
+
+        // Another patch over the same version is sent (a new decision).
+        assert_eq!(
+            applier
+                .merge_patch(&api, &cached, &label("replica"))
+                .await?,
+            Outcome::Applied
+        );
+        // The cache shows a newer version (someone relabelled it): sent.
+        let mut relabelled = cached.clone();
+        relabelled.metadata.resource_version = Some("9".into());
+        assert_eq!(
+            applier
+                .merge_patch(&api, &relabelled, &label("replica"))
+                .await?,
+            Outcome::Applied
+        );
+        // A cache lagging past the memory gets it again.
+        tokio::time::advance(WRITTEN_MEMORY + Duration::from_secs(1)).await;
+        assert_eq!(
+            applier
+                .merge_patch(&api, &relabelled, &label("replica"))
+                .await?,
+            Outcome::Applied
+        );
+        assert_eq!(patches(), 4);
         Ok(())
     }
 
