@@ -187,6 +187,24 @@ impl ControllerProcess {
     }
 }
 
+/// Says, in the test's captured output (printed only if it fails), whether
+/// the process had exited and how its log ended: a test that timed out
+/// waiting on a controller shows why without the kept logs.
+impl Drop for ControllerProcess {
+    fn drop(&mut self) {
+        let state = match self.child.try_wait() {
+            Ok(Some(status)) => format!("had exited ({status})"),
+            Ok(None) => "was running".to_owned(),
+            Err(e) => format!("in an unknown state ({e})"),
+        };
+        eprintln!(
+            "controller {} {state}; its log ended:\n{}",
+            self.name,
+            self.log_tail(20)
+        );
+    }
+}
+
 /// The value of `series` in Prometheus text `metrics`.
 pub fn sample(metrics: &str, series: &str) -> Option<f64> {
     metrics.lines().find_map(|line| {
