@@ -7,8 +7,10 @@
 use std::collections::BTreeMap;
 use std::num::NonZeroU32;
 use std::sync::Arc;
+use std::time::Duration;
 
 use aws_credential_types::Credentials;
+use aws_sdk_s3::config::timeout::TimeoutConfig;
 use aws_sdk_s3::config::{BehaviorVersion, Region};
 use aws_smithy_http_client::tls::{Provider as Tls, rustls_provider::CryptoMode};
 use aws_smithy_runtime_api::client::http::{
@@ -31,6 +33,15 @@ pub use cairn_storage::s3::{ACCESS_KEY_ID, SECRET_ACCESS_KEY};
 const DEFAULT_QPS: u32 = 10;
 const DEFAULT_BURST: u32 = 20;
 
+/// How long a call waits for a connection, and then for the provider's
+/// answer once its request is sent (a wait for the token bucket is not
+/// counted). A provider, or a proxy on the way, that takes a request and
+/// never answers would otherwise hold the reconcile, and with it its
+/// object, for ever; past these the call fails as a provider fault and is
+/// retried with backoff.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// What a client needs from a ProviderConfig and its Secret.
 #[derive(Clone)]
 pub struct Provider {
@@ -38,6 +49,7 @@ pub struct Provider {
     endpoint: Option<String>,
     credentials: Credentials,
     http: SharedHttpClient,
+    timeouts: TimeoutConfig,
     /// Where every attempt is counted, if anywhere.
     calls: Option<IntCounterVec>,
 }
@@ -81,6 +93,10 @@ impl Provider {
             endpoint: spec.endpoint.clone(),
             credentials,
             http: limited_http_client(qps, burst),
+            timeouts: TimeoutConfig::builder()
+                .connect_timeout(CONNECT_TIMEOUT)
+                .read_timeout(ANSWER_TIMEOUT)
+                .build(),
             calls: None,
         })
     }
@@ -123,7 +139,8 @@ impl Provider {
             .behavior_version(BehaviorVersion::latest())
             .region(Region::new(region.to_owned()))
             .credentials_provider(self.credentials.clone())
-            .http_client(self.http.clone());
+            .http_client(self.http.clone())
+            .timeout_config(self.timeouts.clone());
         if let Some(calls) = &self.calls {
             config = config.interceptor(CallCounter(calls.clone()));
         }
@@ -156,7 +173,8 @@ macro_rules! plain_client {
             .behavior_version($sdk::config::BehaviorVersion::latest())
             .region($sdk::config::Region::new($region))
             .credentials_provider(provider.credentials.clone())
-            .http_client(provider.http.clone());
+            .http_client(provider.http.clone())
+            .timeout_config(provider.timeouts.clone());
         if let Some(calls) = &provider.calls {
             config = config.interceptor(CallCounter(calls.clone()));
         }
@@ -267,5 +285,41 @@ mod tests {
         assert!(Provider::new(&spec(), Some(&blank)).is_err());
         let good = secret(&[(ACCESS_KEY_ID, "AK"), (SECRET_ACCESS_KEY, "s")]);
         assert!(Provider::new(&spec(), Some(&good)).is_ok());
+    }
+
+    /// A provider that takes the request and never answers fails the call
+    /// (each attempt at the answer timeout), rather than holding it.
+    #[tokio::test]
+    async fn a_provider_that_never_answers_fails_the_call() {
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a loopback port");
+        let endpoint = format!("http://{}", silent.local_addr().expect("bound"));
+        let held = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((connection, _)) = silent.accept().await {
+                open.push(connection); // read nothing, answer nothing
+            }
+        });
+        let mut spec = spec();
+        spec.endpoint = Some(endpoint);
+        let good = secret(&[(ACCESS_KEY_ID, "AK"), (SECRET_ACCESS_KEY, "s")]);
+        let mut provider = Provider::new(&spec, Some(&good)).expect("usable");
+        assert_eq!(provider.timeouts.read_timeout(), Some(ANSWER_TIMEOUT));
+        assert_eq!(provider.timeouts.connect_timeout(), Some(CONNECT_TIMEOUT));
+        provider.timeouts = TimeoutConfig::builder()
+            .read_timeout(Duration::from_millis(200))
+            .build();
+        let call = provider.s3("eu-west-1").head_bucket().bucket("b").send();
+        let answer = tokio::time::timeout(Duration::from_secs(10), call).await;
+        held.abort();
+        let error = answer
+            .expect("the call ended within 10 s")
+            .expect_err("no answer is an error");
+        assert!(
+            format!("{:?}", error).contains("timeout")
+                || format!("{:?}", error).contains("Timeout"),
+            "{error:?}"
+        );
     }
 }
