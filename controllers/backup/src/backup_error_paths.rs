@@ -300,3 +300,39 @@ async fn a_server_error_creating_the_slots_backup_leaves_the_slot_untaken() {
     assert_eq!(schedule_status_writes(&requests).len(), 1, "{requests:#?}");
     assert_eq!(events(&requests), 1, "{requests:#?}");
 }
+
+/// A schedule cache that has not shown the status just written (its watch
+/// lags) plans from the slot already taken: no second Backup or
+/// announcement, and the slot and conditions stay as written. (The Backup
+/// cache lags too, so `active` may be written without the new Backup until
+/// it shows.)
+#[tokio::test]
+async fn a_slot_the_schedule_cache_has_not_shown_taken_is_not_taken_again() {
+    let harness = harness(&backup(json!({}), json!({})));
+    let mut schedule = (*due_schedule(&harness)).clone();
+    schedule.metadata.resource_version = Some("4".into());
+    let schedule = Arc::new(schedule);
+    for _ in 0..2 {
+        crate::schedule::reconcile(schedule.clone(), harness.context.clone())
+            .await
+            .expect("reconciled");
+    }
+    let requests = harness.fake.requests();
+    let creates = requests
+        .iter()
+        .filter(|r| r.method == "POST" && r.path.ends_with("/namespaces/shop/backups"))
+        .count();
+    assert_eq!(creates, 1, "{requests:#?}");
+    assert_eq!(events(&requests), 1, "{requests:#?}");
+    let statuses = schedule_status_writes(&requests);
+    let written = |field: &str| -> Vec<&serde_json::Value> {
+        statuses.iter().map(|r| &r.body["status"][field]).collect()
+    };
+    for field in ["lastScheduleTime", "conditions"] {
+        let values = written(field);
+        assert!(
+            values.iter().all(|v| *v == values[0]),
+            "{field} rewritten: {values:#?}"
+        );
+    }
+}

@@ -23,6 +23,9 @@ use crate::plan::{self, Decision};
 use crate::schedule_plan::{self, Storage, Timing};
 
 pub async fn reconcile(schedule: Arc<BackupSchedule>, ctx: Arc<Context>) -> Result<Recheck, Error> {
+    // A cache lagging this process's last status write would plan from the
+    // slot before it, and take that slot again.
+    let schedule = ctx.applier.with_written_status(schedule);
     let now = Timestamp::now();
     let namespace = schedule.namespace().unwrap_or_default();
     let schedules: Api<BackupSchedule> = Api::namespaced(ctx.client.clone(), &namespace);
