@@ -291,7 +291,7 @@ pub async fn reconcile<M: Managed>(object: Arc<M>, ctx: Arc<Context>) -> Result<
     };
     let external = object.external(&provider);
     let name = external_name(&*object);
-    let outcome = observe_and_act(&api, &*object, &external, &name, &intent, &ctx.metrics).await;
+    let outcome = observe_and_act(&ctx, &api, &*object, &external, &name, &intent).await;
     match outcome {
         Ok((report, recheck)) => {
             let published = match object.connection(&provider, &name) {
@@ -330,13 +330,14 @@ pub async fn reconcile<M: Managed>(object: Arc<M>, ctx: Arc<Context>) -> Result<
 /// Observes, takes the step, and says what to report; `None`: recheck at
 /// the poll interval.
 async fn observe_and_act<M: Managed>(
+    ctx: &Context,
     api: &Api<M>,
     object: &M,
     external: &M::External,
     name: &str,
     intent: &Intent,
-    metrics: &CloudMetrics,
 ) -> Result<(Report, Option<Recheck>), Error> {
+    let (applier, metrics) = (&ctx.applier, &ctx.metrics);
     let kind = M::kind(&());
     let observation = external
         .observe(object.desired(), name, &intent.uid)
@@ -363,18 +364,18 @@ async fn observe_and_act<M: Managed>(
                 // Refused outright: nothing was made, so nothing may be
                 // claimed later on the strength of this marker.
                 if e.created_nothing() {
-                    lift_marker(api, object).await?;
+                    lift_marker(applier, api, object).await?;
                 }
                 return Err(e.into());
             }
             // The marker stays until an observation shows our owner tag.
-            record_name(api, object, name, false).await?;
+            record_name(applier, api, object, name, false).await?;
             (done.ready(false, "Creating", name), soon)
         }
         Step::Claim | Step::Update => {
             hold(api, object).await?;
             external.update(object.desired(), name, &intent.uid).await?;
-            record_name(api, object, name, settled).await?;
+            record_name(applier, api, object, name, settled).await?;
             let drift = observation.drift.join(", ");
             if !drift.is_empty() {
                 tracing::info!(name, drift, "corrected drift");
@@ -386,7 +387,7 @@ async fn observe_and_act<M: Managed>(
             // Both write only what is missing: nothing at steady state. The
             // finalizer too, for a policy changed to Delete since.
             hold(api, object).await?;
-            record_name(api, object, name, true).await?;
+            record_name(applier, api, object, name, true).await?;
             if let Some(seconds) = first_ready_after_create(object) {
                 metrics
                     .time_to_ready
@@ -474,8 +475,11 @@ async fn mark_create_pending<M: Managed>(api: &Api<M>, object: &M) -> Result<(),
 }
 
 /// Records the external name, and lifts the create-pending marker once an
-/// observation has shown the resource tagged as ours (`settled`).
+/// observation has shown the resource tagged as ours (`settled`). Through
+/// the applier: a cache lagging the write does not get it again at every
+/// recheck.
 async fn record_name<M: Managed>(
+    applier: &apply::Applier,
     api: &Api<M>,
     object: &M,
     name: &str,
@@ -495,24 +499,18 @@ async fn record_name<M: Managed>(
     if pending {
         recorded["metadata"]["annotations"][CREATE_PENDING_ANNOTATION] = serde_json::Value::Null;
     }
-    api.patch(
-        &object.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(&recorded),
-    )
-    .await?;
+    applier.merge_patch(api, object, &recorded).await?;
     Ok(())
 }
 
 /// Lifts the create-pending marker.
-async fn lift_marker<M: Managed>(api: &Api<M>, object: &M) -> Result<(), Error> {
+async fn lift_marker<M: Managed>(
+    applier: &apply::Applier,
+    api: &Api<M>,
+    object: &M,
+) -> Result<(), Error> {
     let lifted = json!({ "metadata": { "annotations": { CREATE_PENDING_ANNOTATION: null } } });
-    api.patch(
-        &object.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(&lifted),
-    )
-    .await?;
+    applier.merge_patch(api, object, &lifted).await?;
     Ok(())
 }
 
