@@ -147,22 +147,7 @@ pub fn decide(
     now: Timestamp,
 ) -> Decision {
     let current = members.iter().find(|m| m.pod == primary);
-    // Why the primary is lost, and the last moment it can have written WAL:
-    // half the delay after its last heartbeat (fencing stops it then), or
-    // when the controller first saw it not serving.
-    let lost = match current {
-        None => Some(("its membership Lease is missing".to_owned(), None)),
-        Some(m) => match m.silent_for(now) {
-            Some(silent) if silent > policy.delay => Some((
-                format!("no heartbeat for {} s", silent.as_secs()),
-                m.last_seen.map(|seen| seen + policy.delay / 2),
-            )),
-            _ => not_serving_for
-                .filter(|d| *d > policy.delay)
-                .map(|d| (not_serving(m, d), Some(now - d))),
-        },
-    };
-    let Some((reason, written_last)) = lost else {
+    let Some(loss) = loss(current, not_serving_for, policy.delay, now) else {
         let silent = current.and_then(|m| m.silent_for(now)).unwrap_or_default();
         let until_stale = policy.delay.saturating_sub(silent);
         let until_unserving =
@@ -171,6 +156,11 @@ pub fn decide(
             recheck: until_stale.min(until_unserving) + Duration::from_millis(500),
         };
     };
+    // Messages repeated while waiting name the loss in words that stay the
+    // same from one look to the next: a status that changed every second
+    // would be written every second for as long as the failover waits.
+    let reason = loss.state;
+    let written_last = loss.written_last;
     let recheck = Duration::from_secs(2);
     let primary_position = current.and_then(|m| parse_lsn(m.observed.wal_position.as_deref()?));
     let mut candidates: Vec<&Member> = members
@@ -269,11 +259,61 @@ pub fn decide(
     match best {
         Some(to) => Decision::Promote {
             to: to.pod.clone(),
-            reason,
+            reason: loss.record,
             primary_last_seen: current.and_then(|m| m.last_seen).unwrap_or(now),
         },
         None => Decision::Wait { reason, recheck },
     }
+}
+
+/// Why the primary is lost.
+struct Loss {
+    /// For the failover record, written once: how long it has been lost.
+    record: String,
+    /// For status messages, the same at every look while it stays lost.
+    state: String,
+    /// The last moment the primary can have written WAL: half the delay
+    /// after its last heartbeat (fencing stops it then), or when the
+    /// controller first saw it not serving.
+    written_last: Option<Timestamp>,
+}
+
+/// The primary's loss, if it is lost: silent, or not serving, for longer
+/// than `delay`, or without a membership Lease.
+fn loss(
+    current: Option<&Member>,
+    not_serving_for: Option<Duration>,
+    delay: Duration,
+    now: Timestamp,
+) -> Option<Loss> {
+    let Some(member) = current else {
+        let missing = "its membership Lease is missing".to_owned();
+        return Some(Loss {
+            record: missing.clone(),
+            state: missing,
+            written_last: None,
+        });
+    };
+    if let (Some(silent), Some(seen)) = (member.silent_for(now), member.last_seen)
+        && silent > delay
+    {
+        return Some(Loss {
+            record: format!("no heartbeat for {} s", silent.as_secs()),
+            state: format!("no heartbeat since {}", seen.strftime("%Y-%m-%dT%H:%M:%SZ")),
+            written_last: Some(seen + delay / 2),
+        });
+    }
+    let for_ = not_serving_for.filter(|d| *d > delay)?;
+    let why = member
+        .observed
+        .problem
+        .clone()
+        .unwrap_or_else(|| "postgres is not serving".to_owned());
+    Some(Loss {
+        record: format!("not serving for {} s: {why}", for_.as_secs()),
+        state: format!("not serving: {why}"),
+        written_last: Some(now - for_),
+    })
 }
 
 fn timeline_name(timeline: Option<u32>) -> String {
@@ -281,15 +321,6 @@ fn timeline_name(timeline: Option<u32>) -> String {
         || "an unknown timeline".to_owned(),
         |t| format!("timeline {t}"),
     )
-}
-
-fn not_serving(member: &Member, for_: Duration) -> String {
-    let why = member
-        .observed
-        .problem
-        .clone()
-        .unwrap_or_else(|| "postgres is not serving".to_owned());
-    format!("not serving for {} s: {why}", for_.as_secs())
 }
 
 fn ordinal(pod: &str) -> u32 {
@@ -613,6 +644,52 @@ mod tests {
             promoted(&decide("db-0", &following, Some(3), None, POLICY, now())),
             Some("db-1")
         );
+    }
+
+    #[test]
+    fn a_failover_that_waits_says_so_in_the_same_words_at_every_look() {
+        // Each look writes the message into the status: one that counted
+        // the seconds of silence was written every second while it waited.
+        let mut members = [
+            member("db-0", 30, "primary", 2, "0/9"),
+            member("db-1", 1, "replica", 1, "0/9"),
+        ];
+        members[0].observed.problem = Some("disk full".into());
+        let wait_reason = |members: &[Member], later: i64, not_serving: Option<u64>| {
+            let at = now() + k8s_openapi::jiff::SignedDuration::from_secs(later);
+            let mut members = members.to_vec();
+            // The replica keeps beating.
+            members[1].last_seen = Some(at);
+            let serving = not_serving.map(Duration::from_secs);
+            match decide("db-0", &members, Some(2), serving, POLICY, at) {
+                Decision::Wait { reason, .. } => reason,
+                other => panic!("expected to wait, got {other:?}"),
+            }
+        };
+        let silent = wait_reason(&members, 0, None);
+        assert!(
+            silent.contains("no heartbeat since 2023-11-14T22:14:30Z"),
+            "{silent}"
+        );
+        assert_eq!(wait_reason(&members, 1, None), silent);
+        assert_eq!(wait_reason(&members, 60, None), silent);
+        members[0].last_seen = Some(now());
+        let not_serving = wait_reason(&members, 0, Some(20));
+        assert!(
+            not_serving.contains("not serving: disk full"),
+            "{not_serving}"
+        );
+        assert_eq!(wait_reason(&members, 1, Some(21)), not_serving);
+        // The failover record, written once, says for how long.
+        let lost = [
+            member("db-0", 30, "primary", 2, "0/9"),
+            member("db-1", 1, "replica", 2, "0/9"),
+        ];
+        let Decision::Promote { reason, .. } = decide("db-0", &lost, Some(2), None, POLICY, now())
+        else {
+            panic!("expected a promotion");
+        };
+        assert_eq!(reason, "no heartbeat for 30 s");
     }
 
     #[test]

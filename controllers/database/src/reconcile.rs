@@ -15,7 +15,7 @@ use cairn_api::database::v1::{
 use cairn_api::validate;
 use cairn_runtime::apply::Applier;
 use cairn_runtime::certs::{self, Authority};
-use cairn_runtime::conditions::{Condition, Time};
+use cairn_runtime::conditions::{self, Condition, Time};
 use cairn_runtime::events;
 use cairn_runtime::manager::Recheck;
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -1319,9 +1319,12 @@ async fn label_roles(
 async fn write_status(
     ctx: &Context,
     cluster: &DatabaseCluster,
-    status: DatabaseClusterStatus,
+    mut status: DatabaseClusterStatus,
 ) -> Result<(), Error> {
     let previous = cluster.status.as_ref();
+    if let Some(previous) = previous {
+        conditions::keep_transition_times(&mut status.conditions, &previous.conditions);
+    }
     if previous == Some(&status) {
         return Ok(());
     }

@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use cairn_api::database::instance::OBSERVED_ANNOTATION;
 use cairn_runtime::errors::ErrorClass;
 use cairn_runtime::manager::Classify;
 use cairn_testing::fake_api::{Answer, FakeApi, Fault, Recorded};
@@ -23,9 +24,18 @@ fn context(client: Client) -> Arc<Context> {
 
 /// [`context`] with `pods` in the Pod cache, which shows no later change.
 fn context_with_pods(client: Client, pods: &[Pod]) -> Arc<Context> {
+    context_with(client, pods, &[])
+}
+
+/// [`context`] with `pods` and `leases` in caches that show no later change.
+fn context_with(client: Client, pods: &[Pod], leases: &[Lease]) -> Arc<Context> {
     let (pod_store, mut pod_writer) = store();
     for pod in pods {
         pod_writer.apply_watcher_event(&watcher::Event::Apply(pod.clone()));
+    }
+    let (lease_store, mut lease_writer) = store();
+    for lease in leases {
+        lease_writer.apply_watcher_event(&watcher::Event::Apply(lease.clone()));
     }
     let caches = Caches {
         stateful_sets: store().0,
@@ -38,7 +48,7 @@ fn context_with_pods(client: Client, pods: &[Pod]) -> Arc<Context> {
         disruption_budgets: store().0,
         pods: pod_store,
         claims: store().0,
-        leases: store().0,
+        leases: lease_store,
     };
     let metrics = ClusterMetrics::register(&prometheus::Registry::new()).expect("metrics");
     Arc::new(Context::new(
@@ -317,4 +327,73 @@ async fn a_role_label_the_pod_cache_has_not_shown_is_not_patched_again() {
     assert_eq!(pod_patches(), 1, "labelled: {:#?}", fake.writes());
     reconcile(cluster, ctx).await.expect("reconciled again");
     assert_eq!(pod_patches(), 1, "{:#?}", fake.writes());
+}
+
+/// A failover that cannot be done (the only replica lacks the cluster's
+/// timeline) waits, and says why in the status: once, not at every look
+/// while it waits (a message counting the seconds of silence, and the
+/// `Progressing` a step of the build turned off and on again, were written
+/// about once a second in a real run).
+#[tokio::test]
+async fn a_blocked_failover_is_written_once_while_it_waits() {
+    let mut cluster = fixtures::cluster(2, &[]);
+    cluster.metadata.resource_version = Some("7".into());
+    cluster.status = Some(DatabaseClusterStatus {
+        initialized: true,
+        current_primary: Some("orders-0".into()),
+        timeline: Some(3),
+        ..DatabaseClusterStatus::default()
+    });
+    let cluster = Arc::new(cluster);
+    let (fake, client) = fake_with(&cluster);
+    let lease = |pod: &str, seconds_ago: i64, observed: serde_json::Value| -> Lease {
+        let renewed = Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(seconds_ago);
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": pod, "namespace": "shop",
+                "labels": {
+                    "app.kubernetes.io/instance": "orders",
+                    "app.kubernetes.io/component": "membership",
+                },
+                "annotations": { OBSERVED_ANNOTATION: observed.to_string() },
+            },
+            "spec": { "renewTime": renewed.to_string() },
+        }))
+        .expect("a lease")
+    };
+    let leases = [
+        lease(
+            "orders-0",
+            60,
+            serde_json::json!({ "ready": true, "role": "primary", "timeline": 3 }),
+        ),
+        lease(
+            "orders-1",
+            0,
+            serde_json::json!({ "ready": true, "role": "replica", "timeline": 2 }),
+        ),
+    ];
+    let ctx = context_with(client, &[], &leases);
+    let status_writes = || {
+        fake.writes()
+            .iter()
+            .filter(|w| w.to_string().contains("/status"))
+            .count()
+    };
+    reconcile(cluster.clone(), ctx.clone())
+        .await
+        .expect("reconciled");
+    assert_eq!(status_writes(), 1);
+    let written = ctx.applier.with_written_status(cluster.clone());
+    let blocked =
+        status::condition(written.status.as_ref(), status::PROGRESSING).expect("Progressing");
+    assert_eq!(
+        blocked.reason,
+        status::reason::FAILOVER_BLOCKED,
+        "{blocked:?}"
+    );
+    // Real time: messages and transition times have a resolution of one second.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    reconcile(cluster, ctx).await.expect("reconciled again");
+    assert_eq!(status_writes(), 1, "{:#?}", fake.writes());
 }

@@ -44,6 +44,21 @@ pub fn set(conditions: &mut Vec<Condition>, mut condition: Condition) -> bool {
     }
 }
 
+/// Gives every condition of `conditions` whose status is the same in
+/// `previous` (the status last written) the transition time it has there.
+/// A status assembled in steps, a later one overriding a condition an
+/// earlier one set, would otherwise count the step in between as a
+/// transition: a new `lastTransitionTime`, and a write, at every reconcile.
+pub fn keep_transition_times(conditions: &mut [Condition], previous: &[Condition]) {
+    for condition in conditions {
+        if let Some(before) = find(previous, &condition.type_)
+            && before.status == condition.status
+        {
+            condition.last_transition_time = before.last_transition_time.clone();
+        }
+    }
+}
+
 /// The condition of `type_`, if present.
 pub fn find<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
     conditions.iter().find(|c| c.type_ == type_)
@@ -71,6 +86,38 @@ mod tests {
         ));
         assert_eq!(conditions.len(), 1);
         assert!(!is_true(&conditions, "Ready"));
+    }
+
+    #[test]
+    fn a_condition_overridden_back_to_its_previous_status_keeps_its_transition_time() {
+        let previous = vec![new(
+            "Progressing",
+            true,
+            "FailoverBlocked",
+            "",
+            Some(1),
+            at(10),
+        )];
+        // One step of the build sets it False, a later one True again.
+        let mut conditions = previous.clone();
+        set(
+            &mut conditions,
+            new("Progressing", false, "Converged", "", Some(1), at(20)),
+        );
+        set(
+            &mut conditions,
+            new("Progressing", true, "FailoverBlocked", "", Some(1), at(20)),
+        );
+        assert_eq!(conditions[0].last_transition_time, at(20));
+        keep_transition_times(&mut conditions, &previous);
+        assert_eq!(conditions, previous);
+        // A real transition keeps its new time.
+        set(
+            &mut conditions,
+            new("Progressing", false, "Converged", "", Some(1), at(30)),
+        );
+        keep_transition_times(&mut conditions, &previous);
+        assert_eq!(conditions[0].last_transition_time, at(30));
     }
 
     #[test]
