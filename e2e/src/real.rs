@@ -5,16 +5,19 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use cairn_api::database::instance::{CREDENTIALS_DIR, SUPERUSER_PASSWORD_KEY};
+use cairn_api::database::instance::{
+    CREDENTIALS_DIR, OBSERVED_ANNOTATION, ObservedState, ROLE_REPLICA, SUPERUSER_PASSWORD_KEY,
+};
 use cairn_api::database::v1::{
     ClusterBackupSpec, DatabaseCluster, DatabaseClusterSpec, PostgresSpec, SWITCHOVER_ANNOTATION,
     StorageSpec, SwitchoverRecord,
 };
 use cairn_testing::{Error, TestNamespace, cluster, wait};
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
-use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
 use serde_json::json;
 
 type Result<T = ()> = std::result::Result<T, Error>;
@@ -38,6 +41,67 @@ pub async fn until_ready(clusters: &Api<DatabaseCluster>, name: &str, instances:
     )
     .await?;
     Ok(())
+}
+
+/// Until every replica of cluster `name` (of `instances`) reports, on its
+/// membership Lease, that it runs as a ready replica of the cluster's
+/// timeline: the reports a failover is decided from. `Ready` does not show
+/// it: it counts pods the kubelet last probed ready (up to 15 s ago), and a
+/// ready replica may not stream a new primary's timeline yet. A test that
+/// takes the primary away before this may rightly get no failover: promoting
+/// a replica behind the timeline would lose its writes.
+pub async fn until_replicas_follow(
+    ns: &TestNamespace,
+    clusters: &Api<DatabaseCluster>,
+    name: &str,
+    instances: i32,
+) -> Result {
+    let status = clusters.get(name).await?.status.unwrap_or_default();
+    let (Some(primary), Some(timeline)) = (status.current_primary, status.timeline) else {
+        return Err(Error::Setup(format!(
+            "{name} reports no primary or timeline"
+        )));
+    };
+    let leases = ns.api::<Lease>();
+    let replicas: Vec<String> = (0..instances)
+        .map(|i| format!("{name}-{i}"))
+        .filter(|pod| *pod != primary)
+        .collect();
+    wait::until(
+        &format!(
+            "{} report following timeline {timeline}",
+            replicas.join(", ")
+        ),
+        READY_TIMEOUT,
+        || async {
+            let mut behind = Vec::new();
+            for pod in &replicas {
+                let observed: ObservedState = leases
+                    .get(pod)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .annotations()
+                    .get(OBSERVED_ANNOTATION)
+                    .and_then(|json| serde_json::from_str(json).ok())
+                    .unwrap_or_default();
+                let follows = observed.ready
+                    && observed.role.as_deref() == Some(ROLE_REPLICA)
+                    && observed.timeline == Some(timeline);
+                if !follows {
+                    behind.push(format!(
+                        "{pod}: ready {}, role {:?}, timeline {:?}",
+                        observed.ready, observed.role, observed.timeline
+                    ));
+                }
+            }
+            if behind.is_empty() {
+                Ok(Some(()))
+            } else {
+                Err(behind.join("; "))
+            }
+        },
+    )
+    .await
 }
 
 /// Pods of `ns` must pass the restricted Pod Security level.

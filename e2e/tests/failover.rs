@@ -10,18 +10,18 @@
 
 use std::time::Instant;
 
-use cairn_api::database::instance::{OBSERVED_ANNOTATION, ObservedState, ROLE_LABEL, ROLE_REPLICA};
+use cairn_api::database::instance::ROLE_LABEL;
 use cairn_api::database::v1::DatabaseCluster;
 use cairn_e2e::real::{
     READY_TIMEOUT, Write, cluster_spec, current_primary, namespace_with_controller, node_of,
     other_real_node, psql, rows_present, start_client_on, start_writer, stop_writer, unix_now,
-    until_acknowledged, until_acknowledged_after, until_psql, writes,
+    until_acknowledged, until_acknowledged_after, until_psql, until_replicas_follow, writes,
 };
 use cairn_testing::{Error, LocalCluster, TestNamespace, cluster, wait};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
-use kube::{Api, ResourceExt};
 use serde_json::json;
 
 type Result<T = ()> = std::result::Result<T, Error>;
@@ -65,7 +65,9 @@ async fn a_stopped_primary_node_fails_over_and_the_old_primary_rejoins() -> Resu
     // Both replicas follow the new primary before it is cut off: a replica
     // still restarting, or forked, may not be promoted (it lacks writes).
     until_ready(&clusters, |_| true).await?;
-    until_replicas_follow(&ns, &clusters).await?;
+    // Ready counts pods the kubelet last probed ready (up to 15 s ago): a
+    // run once cut the primary off while the demoted one still restarted.
+    until_replicas_follow(&ns, &clusters, CLUSTER, 3).await?;
 
     // The primary cut off from the API server alone: it fences itself
     // before a replica may be promoted, a replica takes over, and once the
@@ -171,62 +173,6 @@ async fn an_instance_writes_only_its_own_lease_and_no_pod(ns: &TestNamespace) ->
         assert_eq!(status(result), 403, "an instance relabelled {pod}");
     }
     Ok(())
-}
-
-/// Until both replicas report, on their membership Leases, that they run as
-/// ready replicas of the cluster's timeline: the reports a failover is
-/// decided from. `Ready` alone does not show it: it counts pods the kubelet
-/// last probed ready (up to 15 s ago), and a replica can be ready yet not
-/// stream the primary's new timeline (a test run cut the primary off just
-/// after a switchover, before either replica had; no failover could then
-/// be done without losing that timeline's writes, and none was).
-async fn until_replicas_follow(ns: &TestNamespace, clusters: &Api<DatabaseCluster>) -> Result {
-    let status = clusters.get(CLUSTER).await?.status.unwrap_or_default();
-    let (Some(primary), Some(timeline)) = (status.current_primary, status.timeline) else {
-        return Err(Error::Setup(format!(
-            "{CLUSTER} reports no primary or timeline"
-        )));
-    };
-    let leases = ns.api::<Lease>();
-    let replicas: Vec<String> = (0..3)
-        .map(|i| format!("{CLUSTER}-{i}"))
-        .filter(|pod| *pod != primary)
-        .collect();
-    wait::until(
-        &format!(
-            "{} report following timeline {timeline}",
-            replicas.join(" and ")
-        ),
-        READY_TIMEOUT,
-        || async {
-            let mut behind = Vec::new();
-            for pod in &replicas {
-                let observed: ObservedState = leases
-                    .get(pod)
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .annotations()
-                    .get(OBSERVED_ANNOTATION)
-                    .and_then(|json| serde_json::from_str(json).ok())
-                    .unwrap_or_default();
-                let follows = observed.ready
-                    && observed.role.as_deref() == Some(ROLE_REPLICA)
-                    && observed.timeline == Some(timeline);
-                if !follows {
-                    behind.push(format!(
-                        "{pod}: ready {}, role {:?}, timeline {:?}",
-                        observed.ready, observed.role, observed.timeline
-                    ));
-                }
-            }
-            if behind.is_empty() {
-                Ok(Some(()))
-            } else {
-                Err(behind.join("; "))
-            }
-        },
-    )
-    .await
 }
 
 /// The HTTP status of a write: 200 if it succeeded.

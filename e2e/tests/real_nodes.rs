@@ -416,6 +416,9 @@ async fn lost_folders_are_cloned_never_initialised(ns: &TestNamespace) -> Result
         "t"
     );
 
+    // The pod deleted before may have failed over: a replica may be promoted
+    // only once it follows the timeline.
+    cairn_e2e::real::until_replicas_follow(ns, &clusters, CLUSTER, 3).await?;
     set_invalid_resources(ns, true).await?;
     lose_data_folder(ns, &primary).await?;
     wait::until("another primary", READY_TIMEOUT, || async {
