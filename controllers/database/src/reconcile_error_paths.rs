@@ -96,6 +96,14 @@ fn status_writes(requests: &[Recorded]) -> Vec<&Recorded> {
     requests.iter().filter(|r| r.is_status_write()).collect()
 }
 
+/// How many status writes `fake` has answered.
+fn status_writes_to(fake: &FakeApi) -> usize {
+    fake.writes()
+        .iter()
+        .filter(|w| w.to_string().contains("/status"))
+        .count()
+}
+
 /// Without faults: every child applied, then one status write (the
 /// baseline the fault tests cut short).
 #[tokio::test]
@@ -280,20 +288,14 @@ async fn a_status_the_cache_has_not_shown_is_not_written_again_a_second_later() 
     let cluster = Arc::new(cluster);
     let (fake, client) = fake_with(&cluster);
     let ctx = context(client);
-    let status_writes = || {
-        fake.writes()
-            .iter()
-            .filter(|w| w.to_string().contains("/status"))
-            .count()
-    };
     reconcile(cluster.clone(), ctx.clone())
         .await
         .expect("reconciled");
-    assert_eq!(status_writes(), 1);
+    assert_eq!(status_writes_to(&fake), 1);
     // Real time: transition times have a resolution of one second.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     reconcile(cluster, ctx).await.expect("reconciled again");
-    assert_eq!(status_writes(), 1, "{:#?}", fake.writes());
+    assert_eq!(status_writes_to(&fake), 1, "{:#?}", fake.writes());
 }
 
 /// A Pod cache that has not shown the role label written (a new leader's
@@ -374,16 +376,10 @@ async fn a_blocked_failover_is_written_once_while_it_waits() {
         ),
     ];
     let ctx = context_with(client, &[], &leases);
-    let status_writes = || {
-        fake.writes()
-            .iter()
-            .filter(|w| w.to_string().contains("/status"))
-            .count()
-    };
     reconcile(cluster.clone(), ctx.clone())
         .await
         .expect("reconciled");
-    assert_eq!(status_writes(), 1);
+    assert_eq!(status_writes_to(&fake), 1);
     let written = ctx.applier.with_written_status(cluster.clone());
     let blocked =
         status::condition(written.status.as_ref(), status::PROGRESSING).expect("Progressing");
@@ -395,5 +391,5 @@ async fn a_blocked_failover_is_written_once_while_it_waits() {
     // Real time: messages and transition times have a resolution of one second.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     reconcile(cluster, ctx).await.expect("reconciled again");
-    assert_eq!(status_writes(), 1, "{:#?}", fake.writes());
+    assert_eq!(status_writes_to(&fake), 1, "{:#?}", fake.writes());
 }
