@@ -422,8 +422,6 @@ impl Manager {
                     .concurrency(self.config.concurrency)
                     .debounce(Duration::from_millis(100)),
             )
-            // Objects that arrived while standing by have no pending event.
-            .reconcile_all_on(futures::stream::once(std::future::ready(())))
             .graceful_shutdown_on(terminated(self.terminate.clone()))
             .run(
                 |object, instrumented: Arc<Instrumented<F, Ctx>>| {
@@ -774,16 +772,27 @@ where
         (first, second)
     }
 
+    /// Every cached object, then every change from then on. The objects
+    /// first: a change the draining task dropped just before it stopped
+    /// (an object created as this replica took the lease) would otherwise
+    /// wake nothing until the resync. The store is read once the draining
+    /// has stopped, and the watch writes the store before it sends the
+    /// change, so every dropped change is in it.
     fn changes(self) -> impl Stream<Item = Change<K>> + Send + 'static {
         let SubscriptionGate {
             stop_draining,
             drained,
         } = self.subscription;
-        let (health, metrics) = (self.health, self.metrics);
+        let (store, health, metrics) = (self.store, self.health, self.metrics);
         async move {
             let _ = stop_draining.send(());
             match drained.await {
-                Ok(subscription) => subscription.left_stream(),
+                Ok(subscription) => {
+                    let cached = store.state().into_iter().map(Change::Applied);
+                    futures::stream::iter(cached)
+                        .chain(subscription)
+                        .left_stream()
+                }
                 Err(e) => {
                     // No change would ever reach the controller: fail
                     // liveness so the kubelet restarts the process.
@@ -1183,6 +1192,47 @@ mod tests {
                 Change::Deleted(o) => (false, o.metadata.name.clone().unwrap_or_default()),
             })
             .collect()
+    }
+
+    #[tokio::test]
+    async fn a_change_dropped_while_standing_by_still_wakes_the_controller() {
+        // An object created as the replica takes the lease: its change is
+        // drained (dropped) before the controller subscribes. Seen as an
+        // ObjectBucket no reconcile ever touched until the resync.
+        let (store, mut writer) = reflector::store::<k8s_openapi::api::core::v1::ConfigMap>();
+        let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
+        let subscription = futures::stream::unfold(receiver, |mut receiver| async move {
+            receiver.recv().await.map(|change| (change, receiver))
+        })
+        .boxed();
+        let cache = Cache::new(
+            store,
+            subscription,
+            Health::new(Duration::from_secs(60)),
+            Metrics::new("test", "0", "none").expect("metrics"),
+        );
+        let created = config_map("created-while-standing-by");
+        writer.apply_watcher_event(&watcher::Event::Apply((*created).clone()));
+        sender.send(Change::Applied(created)).expect("sent");
+        tokio::time::sleep(Duration::from_millis(50)).await; // drained: dropped
+        let mut trigger = std::pin::pin!(cache.trigger());
+        let woken = tokio::time::timeout(Duration::from_secs(1), trigger.next())
+            .await
+            .expect("the controller is woken")
+            .expect("an object");
+        assert_eq!(
+            woken.metadata.name.as_deref(),
+            Some("created-while-standing-by")
+        );
+        // Later changes still come through.
+        sender
+            .send(Change::Applied(config_map("later")))
+            .expect("sent");
+        let later = tokio::time::timeout(Duration::from_secs(1), trigger.next())
+            .await
+            .expect("a later change")
+            .expect("an object");
+        assert_eq!(later.metadata.name.as_deref(), Some("later"));
     }
 
     #[test]
