@@ -52,8 +52,8 @@ pub struct Instances {
     pub updated: i32,
     /// Whether the StatefulSet controller has seen its latest spec.
     pub observed: bool,
-    /// A rolling update has not finished (not every pod is at the update
-    /// revision and ready).
+    /// Not every pod is at the update revision. `observe` keeps a rollout
+    /// going until the last restarted pod is ready too.
     pub rolling: bool,
 }
 
@@ -94,13 +94,18 @@ pub fn observe(
         && instances.ready == desired
         && instances.updated == desired
         && instances.current == desired;
+    // The StatefulSet counts the last pod a rollout restarts as updated the
+    // moment it is recreated: the rollout lasts until that pod is ready.
+    let previous = cluster.status.as_ref();
+    let upgrading = previous.and_then(|s| s.phase) == Some(DatabaseClusterPhase::Upgrading);
+    let rolling = instances.rolling || (upgrading && !all_ready);
     let (phase, progressing) = if all_ready {
         (DatabaseClusterPhase::Running, None)
     } else if !was_running {
         (DatabaseClusterPhase::Creating, Some(reason::CREATING))
     } else if instances.current != desired || !instances.observed {
         (DatabaseClusterPhase::Scaling, Some(reason::SCALING))
-    } else if instances.updated < desired || instances.rolling {
+    } else if instances.updated < desired || rolling {
         (DatabaseClusterPhase::Upgrading, Some(reason::ROLLING_OUT))
     } else {
         (DatabaseClusterPhase::Degraded, None)
@@ -124,10 +129,9 @@ pub fn observe(
     }
     // Degraded: a cluster that ran lost a ready instance, outside a scale or
     // a rollout (where instances are unready by design: that is Progressing).
-    let previous = cluster.status.as_ref();
     let was_degraded = condition(previous, DEGRADED).is_some_and(|c| c.status == "True");
     let previously_ready = previous.and_then(|s| s.ready_instances).unwrap_or(0);
-    let changing = instances.rolling || instances.current != desired || !instances.observed;
+    let changing = rolling || instances.current != desired || !instances.observed;
     let degraded = was_running
         && !changing
         && instances.ready < desired
@@ -583,6 +587,31 @@ mod tests {
             reason_of(&status, PROGRESSING),
             ("True".into(), reason::ROLLING_OUT.into())
         );
+    }
+
+    #[test]
+    fn the_last_restarted_instance_of_a_rollout_is_progressing_until_ready() {
+        // The old primary, restarted last: the StatefulSet already counts
+        // its new pod as updated; the status last written saw 3 ready.
+        let mut upgrading = running_with(3, 3);
+        if let Some(status) = upgrading.status.as_mut() {
+            status.phase = Some(DatabaseClusterPhase::Upgrading);
+        }
+        let starting = observe(&upgrading, instances(3, 2, 3), "orders-1", &now());
+        assert_eq!(starting.phase, Some(DatabaseClusterPhase::Upgrading));
+        assert_eq!(reason_of(&starting, DEGRADED).0, "False");
+        assert_eq!(
+            reason_of(&starting, PROGRESSING),
+            ("True".into(), reason::ROLLING_OUT.into())
+        );
+        upgrading.status = Some(starting);
+        let done = observe(&upgrading, instances(3, 3, 3), "orders-1", &now());
+        assert_eq!(done.phase, Some(DatabaseClusterPhase::Running));
+        // Once the rollout is over, losing that pod is Degraded again.
+        let mut ran = running_with(3, 3);
+        ran.status = Some(done);
+        let lost = observe(&ran, instances(3, 2, 3), "orders-1", &now());
+        assert_eq!(reason_of(&lost, DEGRADED).0, "True");
     }
 
     #[test]
