@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use cairn_testing::{cluster, wait};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
-use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, PostParams};
 use kube::core::GroupVersionKind;
@@ -36,6 +36,44 @@ async fn three_ready_nodes_in_distinct_zones() -> Result {
     zones.sort();
     zones.dedup();
     assert!(zones.len() >= 3, "ready nodes span only zones {zones:?}");
+    Ok(())
+}
+
+/// A test that panics keeps its namespace for inspection, but stops its
+/// Deployments (the controllers a test installs from a chart): a cluster-wide
+/// controller of a later test would reconcile the same objects beside them.
+#[tokio::test]
+async fn a_panicking_tests_namespace_is_kept_with_its_deployments_stopped() -> Result {
+    let ns = cluster().namespace("smoke-kept").await?;
+    let name = ns.name.clone();
+    let deployment: Deployment = from_json(json!({
+        "metadata": { "name": "controller" },
+        "spec": {
+            "replicas": 2,
+            "selector": { "matchLabels": { "app": "controller" } },
+            "template": {
+                "metadata": { "labels": { "app": "controller" } },
+                "spec": { "containers": [{ "name": "c", "image": "registry.k8s.io/pause:3.10" }] }
+            }
+        }
+    }));
+    ns.api::<Deployment>()
+        .create(&PostParams::default(), &deployment)
+        .await?;
+    let unwound = std::thread::spawn(move || {
+        let _held = ns;
+        panic!("a test failing while it holds its namespace");
+    })
+    .join();
+    assert!(unwound.is_err());
+    let client = cluster().admin_client().await?;
+    let kept = Api::<Deployment>::namespaced(client.clone(), &name)
+        .get("controller")
+        .await?;
+    assert_eq!(kept.spec.and_then(|s| s.replicas), Some(0));
+    Api::<Namespace>::all(client)
+        .delete(&name, &DeleteParams::background())
+        .await?;
     Ok(())
 }
 

@@ -3,10 +3,11 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use kube::api::{DeleteParams, PostParams};
-use kube::{Api, Client, Resource};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
 use crate::{Error, LocalCluster};
@@ -136,35 +137,61 @@ impl Drop for TestNamespace {
         if self.nodes == Nodes::Real {
             self.keep_pod_logs();
         }
-        if std::thread::panicking() || std::env::var_os("CAIRN_KEEP_NAMESPACES").is_some() {
-            eprintln!("keeping namespace {} for inspection", self.name);
-            return;
-        }
-        // Drop cannot await, and the test's runtime may be single-threaded:
-        // delete from a thread with a runtime and a client of its own.
         let (cluster, name) = (self.cluster, self.name.clone());
-        let deleted = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| e.to_string())?;
-            runtime.block_on(async {
-                let client = cluster.admin_client().await.map_err(|e| e.to_string())?;
+        let done = if std::env::var_os("CAIRN_KEEP_NAMESPACES").is_some() {
+            eprintln!("keeping namespace {name}");
+            Ok(())
+        } else if std::thread::panicking() {
+            eprintln!("keeping namespace {name} for inspection, its Deployments scaled to 0");
+            // Its controllers would go on acting beside the next tests' ones
+            // (a cluster-wide controller reconciles this namespace too).
+            in_a_thread(cluster, move |client| async move {
+                let deployments = Api::<Deployment>::namespaced(client, &name);
+                let scale = Patch::Merge(json!({"spec": {"replicas": 0}}));
+                for deployment in deployments.list(&ListParams::default()).await? {
+                    deployments
+                        .patch_scale(&deployment.name_any(), &PatchParams::default(), &scale)
+                        .await?;
+                }
+                Ok(())
+            })
+        } else {
+            in_a_thread(cluster, move |client| async move {
                 match Api::<Namespace>::all(client)
                     .delete(&name, &DeleteParams::background())
                     .await
                 {
                     // The test deleted it itself.
                     Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-                    other => other.map(drop).map_err(|e| e.to_string()),
+                    other => other.map(drop),
                 }
             })
-        })
-        .join();
-        if let Ok(Err(e)) = deleted {
-            eprintln!("could not delete namespace {}: {e}", self.name);
+        };
+        if let Err(e) = done {
+            eprintln!("namespace {}: {e}", self.name);
         }
     }
+}
+
+/// Runs `work` with an admin client on a thread and runtime of its own: Drop
+/// cannot await, and the test's runtime may be single-threaded.
+fn in_a_thread<F, Fut>(cluster: &'static LocalCluster, work: F) -> Result<(), String>
+where
+    F: FnOnce(Client) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<(), kube::Error>>,
+{
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        runtime.block_on(async {
+            let client = cluster.admin_client().await.map_err(|e| e.to_string())?;
+            work(client).await.map_err(|e| e.to_string())
+        })
+    })
+    .join()
+    .map_err(|_| "the thread panicked".to_owned())?
 }
 
 impl TestNamespace {
