@@ -618,6 +618,13 @@ async fn promoted_over_a_diverged_primary(
         s["ready"] == true && s["role"] == "primary" && s["timeline"] == 2
     })
     .await?;
+    // These tests are about an old primary that finds no slot on the new
+    // one (lost to `max_slot_wal_keep_size`, or never made).
+    wait_for_member_slots(&new, &["orders_0", "orders_2"]).await?;
+    new.sql()
+        .await?
+        .batch_execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots")
+        .await?;
     // The old primary diverges before it stops, so it must be rewound.
     old.sql()
         .await?
@@ -648,6 +655,33 @@ async fn diverged_old_primary(
             .await?;
     }
     Ok((old_spec, new))
+}
+
+/// Waits until a promoted `primary` has the slots it made for the other
+/// members, `slots`, and no other.
+async fn wait_for_member_slots(primary: &support::Instance, slots: &[&str]) -> Result {
+    let superuser = primary.sql().await?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let made: Vec<String> = superuser
+            .query(
+                "SELECT slot_name::text FROM pg_replication_slots ORDER BY 1",
+                &[],
+            )
+            .await?
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        if made == slots {
+            return Ok(());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "slots {made:?}, not {slots:?}: {}",
+            primary.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// `held` dropped and a checkpoint on `primary`, with nothing else
@@ -881,6 +915,8 @@ async fn a_replica_on_the_new_timeline_waits_out_its_primary_restarting() -> Res
             s["ready"] == true && s["role"] == "primary" && s["timeline"] == 2
         })
         .await?;
+    // Promoted, it made the other members' slots.
+    wait_for_member_slots(&promoted, &["orders_0", "orders_2"]).await?;
     let follower_spec = follower_spec.following(&promoted);
     let follower = fixture.start(&follower_spec)?;
     promoted

@@ -694,6 +694,7 @@ impl Supervisor {
             self.state.error(message);
             return false;
         }
+        self.make_member_slots(client).await;
         match client
             .execute("SELECT pg_promote(wait => false)", &[])
             .await

@@ -199,8 +199,10 @@ impl Supervisor {
         let (standby, wal_status): (bool, Option<String>) = (row.get(0), row.get(1));
         match wal_status.as_deref() {
             Some("lost") => return Ok(Slot::Lost),
+            // Not a primary yet: it streams nobody, whatever slots it has
+            // (it makes them before its promotion, `make_member_slots`).
+            _ if standby => return Ok(Slot::NotYet),
             Some(_) => return Ok(Slot::Kept),
-            None if standby => return Ok(Slot::NotYet), // created once it is promoted
             None => {}
         }
         client
@@ -250,6 +252,44 @@ impl Supervisor {
             .await
             .context(|| format!("dropping the lost replication slot {slot} on {host}"))?;
         Ok(())
+    }
+
+    /// Before a promotion: the slot of every other member, so that each
+    /// replica finds its slot on its first try to follow this server. Slots
+    /// are not replicated, and without one the new primary refuses a
+    /// replica's WAL receiver, which then waits `wal_retrieve_retry_interval`
+    /// (5 s) before it tries again: 5 s more without a synchronous commit.
+    /// A standby can make them (they keep WAL from its replay position, up to
+    /// `max_slot_wal_keep_size`, as the slot a replica makes itself would),
+    /// and they outlive the promotion. Best effort: each replica also makes
+    /// its own (`check_slot`), so a failure is only logged.
+    pub(super) async fn make_member_slots(&self, client: &Client) {
+        let Some(members) = self.members() else {
+            return;
+        };
+        let own = self.slot_name();
+        let slots: Vec<String> = members
+            .iter()
+            .map(|pod| conf::slot_name(pod))
+            .filter(|slot| *slot != own)
+            .collect();
+        match client
+            .query(
+                "SELECT (pg_create_physical_replication_slot(slot, true)).slot_name::text
+                 FROM unnest($1::text[]) AS slot
+                 WHERE NOT EXISTS (SELECT FROM pg_replication_slots s WHERE s.slot_name = slot)",
+                &[&slots],
+            )
+            .await
+        {
+            Ok(rows) => {
+                let made: Vec<String> = rows.iter().map(|row| row.get(0)).collect();
+                tracing::info!(?made, "made the other members' replication slots");
+            }
+            Err(e) => {
+                tracing::warn!(error = %sql_message(&e), "cannot make the other members' replication slots");
+            }
+        }
     }
 
     /// On the primary: drops the slot of each pod the cluster no longer has
@@ -417,7 +457,7 @@ impl Supervisor {
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Slot {
     Kept,
-    /// The server behind `-rw` is still in recovery: no slot there yet.
+    /// The server behind `-rw` is still in recovery: it streams nobody yet.
     NotYet,
     /// Invalidated past `max_slot_wal_keep_size`: the WAL this replica
     /// needs is gone from the primary.
