@@ -618,8 +618,8 @@ async fn promoted_over_a_diverged_primary(
         s["ready"] == true && s["role"] == "primary" && s["timeline"] == 2
     })
     .await?;
-    // These tests are about an old primary that finds no slot on the new
-    // one (lost to `max_slot_wal_keep_size`, or never made).
+    // These tests start from a new primary that holds no slot: the old
+    // primary makes its own as it comes back.
     wait_for_member_slots(&new, &["orders_0", "orders_2"]).await?;
     new.sql()
         .await?
@@ -951,6 +951,17 @@ async fn a_replica_on_the_new_timeline_waits_out_its_primary_restarting() -> Res
             s["ready"] == true && s["streaming"] == true && s["timeline"] == 2
         })
         .await?;
+    // The slot of orders-0, which never came back, keeps no WAL.
+    let unreserved: bool = promoted
+        .sql()
+        .await?
+        .query_one(
+            "SELECT restart_lsn IS NULL FROM pg_replication_slots WHERE slot_name = 'orders_0'",
+            &[],
+        )
+        .await?
+        .get(0);
+    assert!(unreserved, "orders-0's slot holds WAL");
     let log = follower.log_text();
     assert!(!log.contains("forked off"), "{log}");
     assert!(!log.contains("cloning the replica again"), "{log}");

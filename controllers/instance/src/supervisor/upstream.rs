@@ -205,6 +205,16 @@ impl Supervisor {
             Some(_) => return Ok(Slot::Kept),
             None => {}
         }
+        // Missing, or made for it before a promotion and unused yet (no
+        // reserved WAL): made anew, reserving WAL from now.
+        client
+            .execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+                 WHERE slot_name = $1 AND restart_lsn IS NULL AND wal_status IS NULL AND NOT active",
+                &[&slot],
+            )
+            .await
+            .context(|| format!("replication slot {slot} on {host}"))?;
         client
             .execute(
                 "SELECT pg_create_physical_replication_slot($1, true)
@@ -259,10 +269,11 @@ impl Supervisor {
     /// are not replicated, and without one the new primary refuses a
     /// replica's WAL receiver, which then waits `wal_retrieve_retry_interval`
     /// (5 s) before it tries again: 5 s more without a synchronous commit.
-    /// A standby can make them (they keep WAL from its replay position, up to
-    /// `max_slot_wal_keep_size`, as the slot a replica makes itself would),
-    /// and they outlive the promotion. Best effort: each replica also makes
-    /// its own (`check_slot`), so a failure is only logged.
+    /// Made on the standby, they outlive the promotion. They reserve no WAL
+    /// until a replica streams through one (or makes it again, reserving:
+    /// `check_slot`), so a member that never comes back costs nothing and no
+    /// such slot is ever lost to `max_slot_wal_keep_size`. Best effort: a
+    /// failure is logged, and each replica makes its own slot anyway.
     pub(super) async fn make_member_slots(&self, client: &Client) {
         let Some(members) = self.members() else {
             return;
@@ -275,13 +286,14 @@ impl Supervisor {
             .collect();
         match client
             .query(
-                "SELECT (pg_create_physical_replication_slot(slot, true)).slot_name::text
+                "SELECT (pg_create_physical_replication_slot(slot)).slot_name::text
                  FROM unnest($1::text[]) AS slot
                  WHERE NOT EXISTS (SELECT FROM pg_replication_slots s WHERE s.slot_name = slot)",
                 &[&slots],
             )
             .await
         {
+            Ok(rows) if rows.is_empty() => {}
             Ok(rows) => {
                 let made: Vec<String> = rows.iter().map(|row| row.get(0)).collect();
                 tracing::info!(?made, "made the other members' replication slots");
