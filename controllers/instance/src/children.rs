@@ -78,6 +78,10 @@ impl Signaller {
             let _ = kill(self.pid, signal);
         }
     }
+
+    pub fn pid(&self) -> Pid {
+        self.pid
+    }
 }
 
 impl Child {

@@ -972,6 +972,47 @@ async fn a_replica_on_the_new_timeline_waits_out_its_primary_restarting() -> Res
     fixture.passed()
 }
 
+/// A WAL receiver that began connecting to a primary that takes the
+/// connection and never answers (its node stopped: the kernel still
+/// accepts) would wait without limit; the instance ends it after 3 s, so
+/// that it connects again, without restarting postgres.
+#[tokio::test]
+async fn a_wal_receiver_hung_connecting_is_ended_and_connects_again() -> Result {
+    let mut fixture = Fixture::new("hung-receiver", &[])?;
+    let primary_spec = fixture.instance("orders-0", "primary")?;
+    let mut primary = fixture.start(&primary_spec)?;
+    primary.wait_ready(Duration::from_secs(60)).await?;
+    let replica = fixture.start(&fixture.instance("orders-1", "replica")?.following(&primary))?;
+    replica.wait_ready(Duration::from_secs(60)).await?;
+    primary.terminate(Duration::from_secs(60)).await?;
+    // Its port now takes connections and never answers (never accepted).
+    let silent = std::net::TcpListener::bind(("127.0.0.1", primary_spec.port))?;
+    let took = replica
+        .wait_log(
+            "the WAL receiver has been connecting for",
+            Duration::from_secs(30),
+        )
+        .await?;
+    println!(
+        "hung WAL receiver ended {:.1} s after the primary stopped",
+        took.as_secs_f64()
+    );
+    drop(silent);
+    let _primary = fixture.start(&primary_spec)?;
+    replica
+        .wait_status("streaming again", Duration::from_secs(60), |s| {
+            s["ready"] == true && s["streaming"] == true
+        })
+        .await?;
+    let log = replica.log_text();
+    assert!(!log.contains("restarting postgres"), "{log}");
+    assert!(
+        log.contains("terminating walreceiver process due to administrator command"),
+        "{log}"
+    );
+    fixture.passed()
+}
+
 /// The ids in `orders` on `instance`, in order.
 async fn order_ids(instance: &support::Instance) -> Result<Vec<i32>> {
     let rows = instance

@@ -643,7 +643,10 @@ impl Supervisor {
                 }
                 last_streaming = Some(Instant::now());
                 primary_answering_since = None;
-            } else if assigned == Role::Replica && tick.is_multiple_of(5) {
+            } else if assigned == Role::Replica && !tick.is_multiple_of(5) {
+                self.end_hung_receiver(&connection.client, postgres.pid())
+                    .await;
+            } else if assigned == Role::Replica {
                 let silent_for = last_streaming.unwrap_or(started).elapsed();
                 match self
                     .stuck(&sample, silent_for, &mut primary_answering_since)

@@ -4,6 +4,9 @@
 
 use std::collections::BTreeSet;
 
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
 use super::folder::{first_missing_segment, segment_number};
 use super::*;
 
@@ -350,6 +353,50 @@ impl Supervisor {
         }
     }
 
+    /// Ends this server's WAL receiver when it has been connecting for
+    /// `CONNECT_HUNG_AFTER`: a connection begun to a primary whose node then
+    /// stopped (through `-rw`, just before the relabel) waits without limit
+    /// (the receiver connects asynchronously and ignores `connect_timeout`).
+    /// PostgreSQL starts another `wal_retrieve_retry_interval` (5 s) later,
+    /// through `-rw` again, which by then may lead to a promoted replica: a
+    /// synchronous commit waits for no more. Unlike a restart, sessions on
+    /// this replica are kept. SIGTERM, as `pg_terminate_backend` does not
+    /// reach the receiver (not a backend). Local and best effort.
+    pub(super) async fn end_hung_receiver(&self, client: &Client, postmaster: Pid) {
+        let hung = match client
+            .query(
+                "SELECT pid, extract(epoch FROM now() - backend_start)::float8
+                 FROM pg_stat_activity
+                 WHERE backend_type = 'walreceiver' AND wait_event = 'LibPQWalReceiverConnect'
+                   AND now() - backend_start > make_interval(secs => $1)",
+                &[&CONNECT_HUNG_AFTER.as_secs_f64()],
+            )
+            .await
+        {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::debug!(error = %sql_message(&e), "cannot check the WAL receiver");
+                return;
+            }
+        };
+        for row in hung {
+            let (pid, seconds): (i32, f64) = (row.get(0), row.get(1));
+            let pid = Pid::from_raw(pid);
+            // Its pid, not one another process took since: our postmaster's child.
+            if parent_of(pid) != Some(postmaster) {
+                continue;
+            }
+            match kill(pid, Signal::SIGTERM) {
+                Ok(()) => tracing::warn!(
+                    %pid,
+                    "the WAL receiver has been connecting for {seconds:.0} s: ended it, so that it \
+                     connects again"
+                ),
+                Err(e) => tracing::warn!(%pid, error = %e, "cannot end the hung WAL receiver"),
+            }
+        }
+    }
+
     /// Why this replica, not streaming, must restart, if it must: its slot
     /// was invalidated, or (silent for `STUCK_AFTER` while the primary has
     /// answered for as long) its history forked off the primary's, or its
@@ -495,6 +542,23 @@ pub(super) const PRIMARY_TIMEOUT: Duration = Duration::from_secs(3);
 /// primary); a source that stops answering must not hold up the retry.
 pub(super) const REWIND_CHECK_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// The parent of a process, from `/proc/<pid>/stat` ("pid (comm) state
+/// ppid …"; the command may hold spaces and parentheses).
+fn parent_of(pid: Pid) -> Option<Pid> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields = &stat[stat.rfind(')')? + 1..];
+    fields
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+        .map(Pid::from_raw)
+}
+
+/// A WAL receiver still connecting after this long hangs (a connection
+/// takes milliseconds; a TLS handshake over a loaded node, well under this).
+pub(super) const CONNECT_HUNG_AFTER: Duration = Duration::from_secs(3);
+
 /// A replica that has not streamed for this long while the primary has
 /// answered for as long is stuck: its history forked off the primary's (it is cloned again), or
 /// its WAL receiver hangs on a connection to a frozen former primary, which
@@ -625,6 +689,24 @@ pub(super) fn history_timeline(name: &str) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_parent_of_a_process_is_read_from_proc() {
+        let child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .expect("sleep runs");
+        let pid = Pid::from_raw(i32::try_from(child.id()).expect("a pid"));
+        assert_eq!(parent_of(pid), Some(nix::unistd::getpid()));
+        assert_eq!(
+            parent_of(nix::unistd::getpid()),
+            Some(nix::unistd::getppid())
+        );
+        let mut child = child;
+        child.kill().expect("killed");
+        child.wait().expect("reaped");
+        assert_eq!(parent_of(pid), None, "gone");
+    }
 
     #[test]
     fn the_first_segment_after_a_switch_is_on_the_next_timeline() {
