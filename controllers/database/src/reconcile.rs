@@ -262,8 +262,15 @@ pub async fn reconcile(cluster: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Resu
     let renew_at = ensure_tls(&ctx, &cluster).await?;
     let stateful_set = apply_children(&ctx, &cluster).await?;
     let members = members(&ctx, &cluster);
-    let instances = Instances::of(Some(&stateful_set));
     let pods = instance_pods(&ctx, &cluster);
+    let starting = {
+        let pods: Vec<&Pod> = pods.iter().map(AsRef::as_ref).collect();
+        rollout::starting(&stateful_set, &pods, &now)
+    };
+    let instances = Instances {
+        starting: starting.is_some(),
+        ..Instances::of(Some(&stateful_set))
+    };
     let leftovers = collect_leftovers(&ctx, &cluster, &stateful_set, &pods, &now).await?;
     restart_void_tokens(&ctx, &cluster, &pods).await?;
     let rolling = roll_out(&cluster, &stateful_set, &pods, &primary(&cluster), &members);
@@ -325,9 +332,12 @@ pub async fn reconcile(cluster: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Resu
     } else {
         renew_in
     };
-    Ok(Recheck::Within(
-        leftovers.map_or(recheck, |l| l.min(recheck)),
-    ))
+    // A pod that does not start within its grace is then lost: look again.
+    let recheck = [leftovers, starting]
+        .into_iter()
+        .flatten()
+        .fold(recheck, Duration::min);
+    Ok(Recheck::Within(recheck))
 }
 
 /// Deletes the instance pods a replaced StatefulSet left behind once the

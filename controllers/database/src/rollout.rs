@@ -9,9 +9,12 @@
 //! the highest ordinals) first switches over to an instance that stays; the
 //! StatefulSet keeps the primary's pod until then (`build::kept_instances`).
 
+use std::time::Duration;
+
 use cairn_api::database::instance::{ROLE_REPLICA, parse_lsn};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 
 use crate::failover::Member;
@@ -59,6 +62,27 @@ pub fn instances(stateful_set: &StatefulSet, pods: &[&Pod]) -> Option<Vec<Instan
             })
             .collect(),
     )
+}
+
+/// How long a pod at the update revision may take to be ready after it was
+/// created before the cluster counts it as lost (`Degraded`) rather than
+/// starting: the pod a rollout restarted last, which the StatefulSet counts
+/// as updated the moment it exists.
+pub const START_GRACE: Duration = Duration::from_secs(300);
+
+/// The time left to start of the youngest pod at the update revision that
+/// is not ready yet and was created less than `START_GRACE` ago, if any.
+pub fn starting(stateful_set: &StatefulSet, pods: &[&Pod], now: &Time) -> Option<Duration> {
+    let instances = instances(stateful_set, pods)?;
+    pods.iter()
+        .zip(&instances)
+        .filter(|(_, i)| i.updated && !i.ready && !i.terminating)
+        .filter_map(|(pod, _)| {
+            let created = pod.metadata.creation_timestamp.as_ref()?;
+            let age: Duration = now.0.duration_since(created.0).try_into().ok()?;
+            START_GRACE.checked_sub(age).filter(|left| !left.is_zero())
+        })
+        .max()
 }
 
 fn is_ready(pod: &Pod) -> bool {
@@ -192,6 +216,44 @@ mod tests {
             },
             fenced: false,
         }
+    }
+
+    /// A pod of revision `revision`, created `age` seconds before `now()`.
+    fn pod_object(name: &str, revision: &str, ready: bool, age: i64) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": name,
+                "labels": { REVISION_LABEL: revision },
+                "creationTimestamp": (now().0 - k8s_openapi::jiff::SignedDuration::from_secs(age)).to_string(),
+            },
+            "status": { "conditions": [{ "type": "Ready", "status": if ready { "True" } else { "False" } }] },
+        }))
+        .expect("a pod")
+    }
+
+    fn now() -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(1_700_000_000).expect("valid"))
+    }
+
+    #[test]
+    fn a_pod_at_the_new_revision_starts_within_its_grace_then_is_lost() {
+        let sts: StatefulSet = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "db", "generation": 2 },
+            "status": { "replicas": 2, "observedGeneration": 2, "updateRevision": "new" },
+        }))
+        .expect("a StatefulSet");
+        let ready = pod_object("db-1", "new", true, 600);
+        let restarted = pod_object("db-0", "new", false, 20);
+        let pods = [&restarted, &ready];
+        assert_eq!(
+            starting(&sts, &pods, &now()),
+            Some(START_GRACE - Duration::from_secs(20))
+        );
+        let long_ago = pod_object("db-0", "new", false, 301);
+        assert_eq!(starting(&sts, &[&long_ago, &ready], &now()), None);
+        // An outdated pod that is not ready is the rollout's own business.
+        let outdated = pod_object("db-0", "old", false, 20);
+        assert_eq!(starting(&sts, &[&outdated, &ready], &now()), None);
     }
 
     fn members() -> Vec<Member> {

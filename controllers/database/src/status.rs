@@ -53,8 +53,11 @@ pub struct Instances {
     /// Whether the StatefulSet controller has seen its latest spec.
     pub observed: bool,
     /// Not every pod is at the update revision. `observe` keeps a rollout
-    /// going until the last restarted pod is ready too.
+    /// going while the pod it restarted last is `starting`.
     pub rolling: bool,
+    /// A pod at the update revision is not ready yet, within its
+    /// `rollout::START_GRACE` (set by the reconcile, from the pods).
+    pub starting: bool,
 }
 
 impl Instances {
@@ -72,6 +75,7 @@ impl Instances {
             // OnDelete: currentRevision never moves; count the pods instead.
             rolling: status.update_revision.is_some()
                 && status.updated_replicas.unwrap_or(0) < status.replicas,
+            starting: false,
         }
     }
 }
@@ -95,10 +99,11 @@ pub fn observe(
         && instances.updated == desired
         && instances.current == desired;
     // The StatefulSet counts the last pod a rollout restarts as updated the
-    // moment it is recreated: the rollout lasts until that pod is ready.
+    // moment it is recreated: the rollout lasts while that pod starts, for
+    // a bounded time (a pod that never starts is lost: Degraded).
     let previous = cluster.status.as_ref();
     let upgrading = previous.and_then(|s| s.phase) == Some(DatabaseClusterPhase::Upgrading);
-    let rolling = instances.rolling || (upgrading && !all_ready);
+    let rolling = instances.rolling || (upgrading && instances.starting && !all_ready);
     let (phase, progressing) = if all_ready {
         (DatabaseClusterPhase::Running, None)
     } else if !was_running {
@@ -132,10 +137,12 @@ pub fn observe(
     let was_degraded = condition(previous, DEGRADED).is_some_and(|c| c.status == "True");
     let previously_ready = previous.and_then(|s| s.ready_instances).unwrap_or(0);
     let changing = rolling || instances.current != desired || !instances.observed;
+    // A rollout that ends short of ready instances lost one (the count it
+    // recorded meanwhile was already the lower one).
     let degraded = was_running
         && !changing
         && instances.ready < desired
-        && (instances.ready < previously_ready || was_degraded);
+        && (instances.ready < previously_ready || was_degraded || upgrading);
     if degraded {
         set(DEGRADED, true, reason::INSTANCES_UNAVAILABLE, counted);
     } else {
@@ -509,6 +516,7 @@ mod tests {
             updated,
             observed: true,
             rolling: updated < current,
+            starting: false,
         }
     }
 
@@ -597,13 +605,22 @@ mod tests {
         if let Some(status) = upgrading.status.as_mut() {
             status.phase = Some(DatabaseClusterPhase::Upgrading);
         }
-        let starting = observe(&upgrading, instances(3, 2, 3), "orders-1", &now());
+        let restarted = Instances {
+            starting: true,
+            ..instances(3, 2, 3)
+        };
+        let starting = observe(&upgrading, restarted, "orders-1", &now());
         assert_eq!(starting.phase, Some(DatabaseClusterPhase::Upgrading));
         assert_eq!(reason_of(&starting, DEGRADED).0, "False");
         assert_eq!(
             reason_of(&starting, PROGRESSING),
             ("True".into(), reason::ROLLING_OUT.into())
         );
+        // A pod that does not start within its grace is lost.
+        let mut still = upgrading.clone();
+        still.status = Some(starting.clone());
+        let lost = observe(&still, instances(3, 2, 3), "orders-1", &now());
+        assert_eq!(reason_of(&lost, DEGRADED).0, "True");
         upgrading.status = Some(starting);
         let done = observe(&upgrading, instances(3, 3, 3), "orders-1", &now());
         assert_eq!(done.phase, Some(DatabaseClusterPhase::Running));
