@@ -673,6 +673,11 @@ async fn wait_for_member_slots(primary: &support::Instance, slots: &[&str]) -> R
             .map(|row| row.get(0))
             .collect();
         if made == slots {
+            // Made while it was a standby, before its promotion.
+            let log = primary.log_text();
+            let made_at = log.rfind("made the other members' replication slots");
+            let promoted_at = log.rfind("received promote request");
+            assert!(made_at < promoted_at, "{log}");
             return Ok(());
         }
         assert!(
@@ -951,17 +956,21 @@ async fn a_replica_on_the_new_timeline_waits_out_its_primary_restarting() -> Res
             s["ready"] == true && s["streaming"] == true && s["timeline"] == 2
         })
         .await?;
-    // The slot of orders-0, which never came back, keeps no WAL.
-    let unreserved: bool = promoted
+    // The slot of orders-0, which never came back, keeps no WAL; the
+    // follower's reserves what it has not received.
+    let reserved: Vec<bool> = promoted
         .sql()
         .await?
-        .query_one(
-            "SELECT restart_lsn IS NULL FROM pg_replication_slots WHERE slot_name = 'orders_0'",
+        .query(
+            "SELECT restart_lsn IS NOT NULL FROM pg_replication_slots
+             WHERE slot_name IN ('orders_0', 'orders_2') ORDER BY slot_name",
             &[],
         )
         .await?
-        .get(0);
-    assert!(unreserved, "orders-0's slot holds WAL");
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(reserved, [false, true]);
     let log = follower.log_text();
     assert!(!log.contains("forked off"), "{log}");
     assert!(!log.contains("cloning the replica again"), "{log}");

@@ -103,7 +103,7 @@ impl Supervisor {
         );
         self.state.metrics.reclones.inc();
         self.drop_lost_slot().await?;
-        if self.check_slot().await? == Slot::Lost {
+        if self.reserve_slot().await? == Slot::Lost {
             return Err(Error::Waiting(
                 "the lost replication slot is still in use on the primary".to_owned(),
             ));

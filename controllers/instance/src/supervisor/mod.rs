@@ -34,7 +34,9 @@ use folder::{
     DataFolder, data_folder, latest_history, refuse_after_interrupted_rewind, remove_if_present,
     remove_stale_lock_file, rewind_marker,
 };
-use upstream::{LeavingSlots, Slot, Source, Stuck};
+use upstream::{
+    CONNECT_HUNG_AFTER, CONNECT_HUNG_CEILING, LeavingSlots, Slot, Source, Stuck, end_hung_receiver,
+};
 
 /// The longest a query of this process may take (also its statement_timeout).
 const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -305,7 +307,7 @@ impl Supervisor {
             }
         }
         if role == Role::Replica
-            && let Err(message) = self.check_slot().await
+            && let Err(message) = self.reserve_slot().await
         {
             // Streaming waits for the slot; the watch loop tries again.
             tracing::warn!(%message, "no replication slot yet");
@@ -501,6 +503,7 @@ impl Supervisor {
         let started = Instant::now();
         let mut pending_logged: Vec<String> = Vec::new();
         let mut leaving_slots = LeavingSlots::default();
+        let mut hung_after = CONNECT_HUNG_AFTER;
         let mut tick: u64 = 0;
         loop {
             tick += 1;
@@ -643,9 +646,14 @@ impl Supervisor {
                 }
                 last_streaming = Some(Instant::now());
                 primary_answering_since = None;
+                hung_after = CONNECT_HUNG_AFTER;
             } else if assigned == Role::Replica && !tick.is_multiple_of(5) {
-                self.end_hung_receiver(&connection.client, postgres.pid())
-                    .await;
+                // Four polls of five look at the local WAL receiver; the
+                // fifth asks the primary (below).
+                if end_hung_receiver(&connection.client, postgres.pid(), hung_after).await {
+                    // A primary that is merely slow to connect to gets longer.
+                    hung_after = (hung_after * 2).min(CONNECT_HUNG_CEILING);
+                }
             } else if assigned == Role::Replica {
                 let silent_for = last_streaming.unwrap_or(started).elapsed();
                 match self

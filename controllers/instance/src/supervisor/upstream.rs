@@ -34,7 +34,7 @@ impl Supervisor {
         }
         // The slot first, so that the WAL written from the rewind's copy
         // on is kept until the rewound server streams it.
-        if let Err(message) = self.try_check_slot().await {
+        if let Err(message) = self.try_check_slot(true).await {
             tracing::warn!(%message, "no replication slot yet");
         }
         // After a promotion the control file names the new timeline only
@@ -185,10 +185,17 @@ impl Supervisor {
     /// `max_slot_wal_keep_size`). Slots are not replicated: after a failover
     /// each replica creates its slot on the new primary this way.
     pub(super) async fn check_slot(&self) -> Result<Slot, Error> {
-        bounded(PRIMARY_TIMEOUT, self.try_check_slot()).await
+        bounded(PRIMARY_TIMEOUT, self.try_check_slot(false)).await
     }
 
-    pub(super) async fn try_check_slot(&self) -> Result<Slot, Error> {
+    /// `check_slot`, and a slot that reserves no WAL yet (one made before
+    /// the promotion, unused) is made again reserving WAL from now: before a
+    /// clone or a rewind, whose WAL must be kept until the replica streams.
+    pub(super) async fn reserve_slot(&self) -> Result<Slot, Error> {
+        bounded(PRIMARY_TIMEOUT, self.try_check_slot(true)).await
+    }
+
+    pub(super) async fn try_check_slot(&self, reserve: bool) -> Result<Slot, Error> {
         let (client, host) = self.primary_superuser().await?;
         let slot = self.slot_name();
         let row = client
@@ -201,23 +208,25 @@ impl Supervisor {
             .context(|| format!("replication slot {slot} on {host}"))?;
         let (standby, wal_status): (bool, Option<String>) = (row.get(0), row.get(1));
         match wal_status.as_deref() {
-            Some("lost") => return Ok(Slot::Lost),
-            // Not a primary yet: it streams nobody, whatever slots it has
-            // (it makes them before its promotion, `make_member_slots`).
+            // Not promoted yet: whatever slots it holds (made for its
+            // promotion, or stale, even lost, from when it was a primary)
+            // say nothing of the one this replica will stream through.
             _ if standby => return Ok(Slot::NotYet),
+            Some("lost") => return Ok(Slot::Lost),
             Some(_) => return Ok(Slot::Kept),
             None => {}
         }
-        // Missing, or made for it before a promotion and unused yet (no
-        // reserved WAL): made anew, reserving WAL from now.
-        client
-            .execute(
-                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
-                 WHERE slot_name = $1 AND restart_lsn IS NULL AND wal_status IS NULL AND NOT active",
-                &[&slot],
-            )
-            .await
-            .context(|| format!("replication slot {slot} on {host}"))?;
+        if reserve {
+            client
+                .execute(
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+                     WHERE slot_name = $1 AND restart_lsn IS NULL AND wal_status IS NULL
+                       AND NOT active",
+                    &[&slot],
+                )
+                .await
+                .context(|| format!("replication slot {slot} on {host}"))?;
+        }
         client
             .execute(
                 "SELECT pg_create_physical_replication_slot($1, true)
@@ -273,9 +282,11 @@ impl Supervisor {
     /// replica's WAL receiver, which then waits `wal_retrieve_retry_interval`
     /// (5 s) before it tries again: 5 s more without a synchronous commit.
     /// Made on the standby, they outlive the promotion. They reserve no WAL
-    /// until a replica streams through one (or makes it again, reserving:
-    /// `check_slot`), so a member that never comes back costs nothing and no
-    /// such slot is ever lost to `max_slot_wal_keep_size`. Best effort: a
+    /// (`restart_lsn` NULL) until a replica streams through one, so a member
+    /// that never comes back costs no disk and its slot is never lost to
+    /// `max_slot_wal_keep_size`; a replica about to clone or rewind makes
+    /// its own again, reserving (`reserve_slot`). A member's slot left lost
+    /// from when this server was a primary is dropped first. Best effort: a
     /// failure is logged, and each replica makes its own slot anyway.
     pub(super) async fn make_member_slots(&self, client: &Client) {
         let Some(members) = self.members() else {
@@ -287,6 +298,16 @@ impl Supervisor {
             .map(|pod| conf::slot_name(pod))
             .filter(|slot| *slot != own)
             .collect();
+        if let Err(e) = client
+            .execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+                 WHERE slot_name = ANY($1) AND wal_status = 'lost' AND NOT active",
+                &[&slots],
+            )
+            .await
+        {
+            tracing::warn!(error = %sql_message(&e), "cannot drop the members' lost replication slots");
+        }
         match client
             .query(
                 "SELECT (pg_create_physical_replication_slot(slot)).slot_name::text
@@ -349,50 +370,6 @@ impl Supervisor {
                     tracing::info!(%slot, "dropped the replication slot of a pod the cluster no longer has")
                 }
                 Err(e) => tracing::warn!(%slot, error = %e, "cannot drop a replication slot"),
-            }
-        }
-    }
-
-    /// Ends this server's WAL receiver when it has been connecting for
-    /// `CONNECT_HUNG_AFTER`: a connection begun to a primary whose node then
-    /// stopped (through `-rw`, just before the relabel) waits without limit
-    /// (the receiver connects asynchronously and ignores `connect_timeout`).
-    /// PostgreSQL starts another `wal_retrieve_retry_interval` (5 s) later,
-    /// through `-rw` again, which by then may lead to a promoted replica: a
-    /// synchronous commit waits for no more. Unlike a restart, sessions on
-    /// this replica are kept. SIGTERM, as `pg_terminate_backend` does not
-    /// reach the receiver (not a backend). Local and best effort.
-    pub(super) async fn end_hung_receiver(&self, client: &Client, postmaster: Pid) {
-        let hung = match client
-            .query(
-                "SELECT pid, extract(epoch FROM now() - backend_start)::float8
-                 FROM pg_stat_activity
-                 WHERE backend_type = 'walreceiver' AND wait_event = 'LibPQWalReceiverConnect'
-                   AND now() - backend_start > make_interval(secs => $1)",
-                &[&CONNECT_HUNG_AFTER.as_secs_f64()],
-            )
-            .await
-        {
-            Ok(rows) => rows,
-            Err(e) => {
-                tracing::debug!(error = %sql_message(&e), "cannot check the WAL receiver");
-                return;
-            }
-        };
-        for row in hung {
-            let (pid, seconds): (i32, f64) = (row.get(0), row.get(1));
-            let pid = Pid::from_raw(pid);
-            // Its pid, not one another process took since: our postmaster's child.
-            if parent_of(pid) != Some(postmaster) {
-                continue;
-            }
-            match kill(pid, Signal::SIGTERM) {
-                Ok(()) => tracing::warn!(
-                    %pid,
-                    "the WAL receiver has been connecting for {seconds:.0} s: ended it, so that it \
-                     connects again"
-                ),
-                Err(e) => tracing::warn!(%pid, error = %e, "cannot end the hung WAL receiver"),
             }
         }
     }
@@ -542,6 +519,60 @@ pub(super) const PRIMARY_TIMEOUT: Duration = Duration::from_secs(3);
 /// primary); a source that stops answering must not hold up the retry.
 pub(super) const REWIND_CHECK_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// Ends this server's WAL receiver when it has been connecting for longer
+/// than `after` (`CONNECT_HUNG_AFTER` at first): a connection begun to a
+/// primary whose node then stopped (through `-rw`, just before the relabel)
+/// waits without limit (the receiver connects asynchronously and ignores
+/// `connect_timeout`). PostgreSQL starts another `wal_retrieve_retry_interval`
+/// (5 s) later, through `-rw` again, which by then may lead to a promoted
+/// replica: a synchronous commit waits for no more. Unlike a restart,
+/// sessions on this replica are kept. SIGTERM, as `pg_terminate_backend`
+/// does not reach the receiver (not a backend). Whether one was ended; local
+/// and best effort.
+pub(super) async fn end_hung_receiver(client: &Client, postmaster: Pid, after: Duration) -> bool {
+    let seconds = after.as_secs_f64();
+    let answer = tokio::time::timeout(
+        QUERY_TIMEOUT,
+        client.query(
+            "SELECT pid, extract(epoch FROM now() - backend_start)::float8
+             FROM pg_stat_activity
+             WHERE backend_type = 'walreceiver' AND wait_event = 'LibPQWalReceiverConnect'
+               AND now() - backend_start > make_interval(secs => $1)",
+            &[&seconds],
+        ),
+    )
+    .await;
+    let hung = match answer {
+        Ok(Ok(rows)) => rows,
+        Ok(Err(e)) => {
+            tracing::debug!(error = %sql_message(&e), "cannot check the WAL receiver");
+            return false;
+        }
+        Err(_) => return false,
+    };
+    let mut ended = false;
+    for row in hung {
+        let (pid, seconds): (i32, f64) = (row.get(0), row.get(1));
+        let pid = Pid::from_raw(pid);
+        // Its pid, not one another process took since: our postmaster's child.
+        if parent_of(pid) != Some(postmaster) {
+            continue;
+        }
+        match kill(pid, Signal::SIGTERM) {
+            Ok(()) => {
+                ended = true;
+                tracing::warn!(
+                    %pid,
+                    "the WAL receiver has been connecting for {seconds:.0} s: ended it, so that it \
+                     connects again"
+                );
+            }
+            Err(e) => tracing::warn!(%pid, error = %e, "cannot end the hung WAL receiver"),
+        }
+    }
+    ended
+}
+
 /// The parent of a process, from `/proc/<pid>/stat` ("pid (comm) state
 /// ppid …"; the command may hold spaces and parentheses).
 fn parent_of(pid: Pid) -> Option<Pid> {
@@ -557,7 +588,10 @@ fn parent_of(pid: Pid) -> Option<Pid> {
 
 /// A WAL receiver still connecting after this long hangs (a connection
 /// takes milliseconds; a TLS handshake over a loaded node, well under this).
+/// Doubled after each one ended, up to the ceiling, until the replica
+/// streams: a primary slow to connect to is still reached.
 pub(super) const CONNECT_HUNG_AFTER: Duration = Duration::from_secs(3);
+pub(super) const CONNECT_HUNG_CEILING: Duration = Duration::from_secs(60);
 
 /// A replica that has not streamed for this long while the primary has
 /// answered for as long is stuck: its history forked off the primary's (it is cloned again), or
@@ -692,7 +726,7 @@ mod tests {
 
     #[test]
     fn the_parent_of_a_process_is_read_from_proc() {
-        let child = std::process::Command::new("sleep")
+        let mut child = std::process::Command::new("sleep")
             .arg("5")
             .spawn()
             .expect("sleep runs");
@@ -702,7 +736,6 @@ mod tests {
             parent_of(nix::unistd::getpid()),
             Some(nix::unistd::getppid())
         );
-        let mut child = child;
         child.kill().expect("killed");
         child.wait().expect("reaped");
         assert_eq!(parent_of(pid), None, "gone");
