@@ -43,8 +43,9 @@ impl Nodes {
 /// A namespace created for one test, with an admin client.
 ///
 /// Dropping it deletes the namespace (without waiting), unless the thread is
-/// panicking (a failed `assert!` or `expect`) or `CAIRN_KEEP_NAMESPACES` is
-/// set: then it stays for inspection and its name is printed. A test that
+/// panicking (a failed `assert!` or `expect`: it stays for inspection, its
+/// name printed and its Deployments, the controllers a test installed,
+/// scaled to 0) or `CAIRN_KEEP_NAMESPACES` is set (it stays as it is). A test that
 /// fails by returning `Err` has dropped its namespace by then; run it with
 /// `CAIRN_KEEP_NAMESPACES=1` to inspect it. A namespace on the real nodes
 /// first copies its pods' logs to `logs/pods/` of the cluster's folder.
@@ -138,10 +139,7 @@ impl Drop for TestNamespace {
             self.keep_pod_logs();
         }
         let (cluster, name) = (self.cluster, self.name.clone());
-        let done = if std::env::var_os("CAIRN_KEEP_NAMESPACES").is_some() {
-            eprintln!("keeping namespace {name}");
-            Ok(())
-        } else if std::thread::panicking() {
+        let done = if std::thread::panicking() {
             eprintln!("keeping namespace {name} for inspection, its Deployments scaled to 0");
             // Its controllers would go on acting beside the next tests' ones
             // (a cluster-wide controller reconciles this namespace too).
@@ -155,6 +153,9 @@ impl Drop for TestNamespace {
                 }
                 Ok(())
             })
+        } else if std::env::var_os("CAIRN_KEEP_NAMESPACES").is_some() {
+            eprintln!("keeping namespace {name}");
+            Ok(())
         } else {
             in_a_thread(cluster, move |client| async move {
                 match Api::<Namespace>::all(client)
