@@ -39,6 +39,21 @@ async fn three_ready_nodes_in_distinct_zones() -> Result {
     Ok(())
 }
 
+/// A Deployment of `replicas` pause containers, labelled `app: <name>`.
+fn pause_deployment(name: &str, replicas: i32) -> Deployment {
+    from_json(json!({
+        "metadata": { "name": name },
+        "spec": {
+            "replicas": replicas,
+            "selector": { "matchLabels": { "app": name } },
+            "template": {
+                "metadata": { "labels": { "app": name } },
+                "spec": { "containers": [{ "name": name, "image": "registry.k8s.io/pause:3.10" }] }
+            }
+        }
+    }))
+}
+
 /// A test that panics keeps its namespace for inspection, but stops its
 /// Deployments (the controllers a test installs from a chart): a cluster-wide
 /// controller of a later test would reconcile the same objects beside them.
@@ -46,19 +61,8 @@ async fn three_ready_nodes_in_distinct_zones() -> Result {
 async fn a_panicking_tests_namespace_is_kept_with_its_deployments_stopped() -> Result {
     let ns = cluster().namespace("smoke-kept").await?;
     let name = ns.name.clone();
-    let deployment: Deployment = from_json(json!({
-        "metadata": { "name": "controller" },
-        "spec": {
-            "replicas": 2,
-            "selector": { "matchLabels": { "app": "controller" } },
-            "template": {
-                "metadata": { "labels": { "app": "controller" } },
-                "spec": { "containers": [{ "name": "c", "image": "registry.k8s.io/pause:3.10" }] }
-            }
-        }
-    }));
     ns.api::<Deployment>()
-        .create(&PostParams::default(), &deployment)
+        .create(&PostParams::default(), &pause_deployment("controller", 2))
         .await?;
     let unwound = std::thread::spawn(move || {
         let _held = ns;
@@ -81,19 +85,8 @@ async fn a_panicking_tests_namespace_is_kept_with_its_deployments_stopped() -> R
 async fn deployment_scales_to_ready_pods_and_is_garbage_collected() -> Result {
     let ns = cluster().namespace("smoke-deploy").await?;
     let deployments = ns.api::<Deployment>();
-    let deployment: Deployment = from_json(json!({
-        "metadata": { "name": "web" },
-        "spec": {
-            "replicas": 3,
-            "selector": { "matchLabels": { "app": "web" } },
-            "template": {
-                "metadata": { "labels": { "app": "web" } },
-                "spec": { "containers": [{ "name": "web", "image": "registry.k8s.io/pause:3.10" }] }
-            }
-        }
-    }));
     deployments
-        .create(&PostParams::default(), &deployment)
+        .create(&PostParams::default(), &pause_deployment("web", 3))
         .await?;
     wait::for_object(
         &deployments,
