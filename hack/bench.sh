@@ -92,7 +92,8 @@ if [[ $bench == backup ]]; then
 fi
 
 if [[ $bench == failover || $bench == footprint ]]; then
-  images=$(hack/images.sh workspace)
+  # Figures users would see: the optimised release binaries, not the test build's.
+  images=$(CAIRN_IMAGE_PROFILE=release hack/images.sh workspace)
   STATE=$(mktemp -d "${TMPDIR:-/tmp}/cairn-bench.XXXXXX")/cluster
   trap 'hack/local-cluster.sh down "$STATE"; rmdir "$(dirname "$STATE")" 2>/dev/null || true' EXIT
   hack/local-cluster.sh up "$STATE"

@@ -43,22 +43,39 @@ build() {
   tags=$(tool_build_tags "$component")
   log "building ${component} $(pinned_version "$component" "$module"): ${missing[*]%%=*} (a cold build takes minutes)"
   mkdir -p "$dir.partial"
+  # One go build for all the binaries whose names are their packages' (it
+  # links them in parallel); one each for the others.
+  local together=() alone=()
   for spec in "${missing[@]}"; do
-    name=${spec%%=*}
-    # One go build per binary: the Go build cache shares compiled packages.
-    local build_log=$dir.partial/$name.log
+    if [[ ${spec%%=*} == "$(basename "${spec#*=}")" ]]; then together+=("$spec"); else alone+=("$spec"); fi
+  done
+  ((${#together[@]} > 1)) || { alone+=("${together[@]}"); together=(); }
+  local batches=() packages
+  if ((${#together[@]})); then
+    packages=("${together[@]#*=}")
+    batches+=("$component|$dir.partial/|${packages[*]}")
+  fi
+  for spec in "${alone[@]}"; do batches+=("${spec%%=*}|$dir.partial/${spec%%=*}|${spec#*=}"); done
+  local batch label output build_log build_pid polls
+  for batch in "${batches[@]}"; do
+    IFS='|' read -r label output packages <<<"$batch"
+    build_log=$dir.partial/$label.log
+    # shellcheck disable=SC2086 # one word per package
     (cd "$CAIRN_ROOT/hack/tools/$component" &&
-      exec go build -v -trimpath -tags "$tags" -ldflags "-s -w $ldflags" -o "$dir.partial/$name" "${spec#*=}") >"$build_log" 2>&1 &
-    local build_pid=$!
-    local polls=0
+      exec go build -v -trimpath -tags "$tags" -ldflags "-s -w $ldflags" -o "$output" $packages) >"$build_log" 2>&1 &
+    build_pid=$!
+    polls=0
     while proc_running "$build_pid"; do
       sleep 1
-      ((++polls % 30)) || log "  $name: $(wc -l <"$build_log") packages compiled so far ($((SECONDS - start)) s)"
+      ((++polls % 30)) || log "  $label: $(wc -l <"$build_log") packages compiled so far ($((SECONDS - start)) s)"
     done
-    if ! wait "$build_pid" || [[ ! -x "$dir.partial/$name" ]]; then
+    if ! wait "$build_pid"; then
       tail -n 40 "$build_log" >&2
-      die "build of $name failed (full log: $build_log)"
+      die "build of $label failed (full log: $build_log)"
     fi
+  done
+  for spec in "${missing[@]}"; do
+    [[ -x "$dir.partial/${spec%%=*}" ]] || die "the build of $component made no ${spec%%=*}"
   done
   mkdir -p "$dir"
   for spec in "${missing[@]}"; do
@@ -109,22 +126,36 @@ k8s_version_ldflags() {
   echo "$flags"
 }
 
-build etcd go.etcd.io/etcd/server/v3 "" etcd=go.etcd.io/etcd/server/v3
-build kwok sigs.k8s.io/kwok "-X sigs.k8s.io/kwok/pkg/consts.Version=$(pinned_version kwok sigs.k8s.io/kwok)" kwok=sigs.k8s.io/kwok/cmd/kwok
-build prometheus github.com/prometheus/prometheus "" promtool=github.com/prometheus/prometheus/cmd/promtool prometheus=github.com/prometheus/prometheus/cmd/prometheus
-build helm helm.sh/helm/v3 "-X helm.sh/helm/v3/internal/version.version=$(pinned_version helm helm.sh/helm/v3) -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$(echo "$KUBERNETES_VERSION" | cut -d. -f2)" helm=helm.sh/helm/v3/cmd/helm
-build actionlint github.com/rhysd/actionlint "-X github.com/rhysd/actionlint.version=$(pinned_version actionlint github.com/rhysd/actionlint)" actionlint=github.com/rhysd/actionlint/cmd/actionlint
-build kubernetes k8s.io/kubernetes "$(k8s_version_ldflags)" \
-  kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver \
-  kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager \
-  kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler \
-  kubectl=k8s.io/kubernetes/cmd/kubectl \
-  kubelet=k8s.io/kubernetes/cmd/kubelet \
-  kube-proxy=k8s.io/kubernetes/cmd/kube-proxy
-# CoreDNS from the main package beside its pins: only the plugins the
-# Corefile uses (hack/tools/coredns/main.go).
-build coredns github.com/coredns/coredns "-X github.com/coredns/coredns/coremain.GitCommit=$(pinned_version coredns github.com/coredns/coredns)" coredns=.
-build local-path-provisioner github.com/rancher/local-path-provisioner "" local-path-provisioner=github.com/rancher/local-path-provisioner
+# Two chains side by side: Kubernetes (the longest build) and the rest. A
+# build's link steps use one core, and module downloads none.
+kubernetes_chain() {
+  build kubernetes k8s.io/kubernetes "$(k8s_version_ldflags)" \
+    kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver \
+    kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager \
+    kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler \
+    kubectl=k8s.io/kubernetes/cmd/kubectl \
+    kubelet=k8s.io/kubernetes/cmd/kubelet \
+    kube-proxy=k8s.io/kubernetes/cmd/kube-proxy
+}
+other_chain() {
+  build etcd go.etcd.io/etcd/server/v3 "" etcd=go.etcd.io/etcd/server/v3
+  build kwok sigs.k8s.io/kwok "-X sigs.k8s.io/kwok/pkg/consts.Version=$(pinned_version kwok sigs.k8s.io/kwok)" kwok=sigs.k8s.io/kwok/cmd/kwok
+  build prometheus github.com/prometheus/prometheus "" promtool=github.com/prometheus/prometheus/cmd/promtool prometheus=github.com/prometheus/prometheus/cmd/prometheus
+  build helm helm.sh/helm/v3 "-X helm.sh/helm/v3/internal/version.version=$(pinned_version helm helm.sh/helm/v3) -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$(echo "$KUBERNETES_VERSION" | cut -d. -f2)" helm=helm.sh/helm/v3/cmd/helm
+  build actionlint github.com/rhysd/actionlint "-X github.com/rhysd/actionlint.version=$(pinned_version actionlint github.com/rhysd/actionlint)" actionlint=github.com/rhysd/actionlint/cmd/actionlint
+  # CoreDNS from the main package beside its pins: only the plugins the
+  # Corefile uses (hack/tools/coredns/main.go).
+  build coredns github.com/coredns/coredns "-X github.com/coredns/coredns/coremain.GitCommit=$(pinned_version coredns github.com/coredns/coredns)" coredns=.
+  build local-path-provisioner github.com/rancher/local-path-provisioner "" local-path-provisioner=github.com/rancher/local-path-provisioner
+}
+kubernetes_chain &
+kubernetes_pid=$!
+other_chain &
+other_pid=$!
+chains_failed=0
+wait "$kubernetes_pid" || chains_failed=1
+wait "$other_pid" || chains_failed=1
+((!chains_failed)) || die "a build failed (its log is above)"
 
 # The pause binary of every pod sandbox, from Kubernetes' own source (a static C
 # program, so the image holds nothing else).

@@ -15,10 +15,21 @@ source "$(dirname "$0")/lib.sh"
 STATE=$CAIRN_CACHE/clusters/dev
 CONTROLLER_NAMESPACE=cairn-system
 SAMPLES=cairn-samples
+# The images (a Rust build and Debian bases) are made beside the control
+# plane's build and start, which need them only at the import.
+"$CAIRN_ROOT/hack/node-packages.sh"
+images_out=$(mktemp) images_log=$(mktemp)
+trap 'rm -f "$images_out" "$images_log"' EXIT
+"$CAIRN_ROOT/hack/images.sh" workspace >"$images_out" 2>"$images_log" &
+images_pid=$!
 "$CAIRN_ROOT/hack/local-cluster.sh" up "$STATE"
 # shellcheck disable=SC1091
 source "$STATE/env"
-images=$("$CAIRN_ROOT/hack/images.sh" workspace)
+if ! wait "$images_pid"; then
+  cat "$images_log" >&2
+  die "building the images failed"
+fi
+images=$(cat "$images_out")
 "$CAIRN_ROOT/hack/local-cluster.sh" import-images "$STATE" "$images"/*.tar
 
 kubectl() { "$CAIRN_BIN/kubectl" "$@"; }

@@ -6,8 +6,21 @@
 #   hack/images.sh node        the images the cluster itself needs (pod sandbox
 #                              pause, the volume helper); prints their folder
 #   hack/images.sh workspace   cairn-instance's database image and the database,
-#                              backup and cloud controllers' images, from
-#                              release builds; prints their folder
+#                              backup and cloud controllers' images; prints
+#                              their folder
+#   hack/images.sh bases       only the Debian bases (the test command makes
+#                              them in the background while Rust builds)
+#
+# The binaries in the workspace images:
+#   - by default, the debug build's (the profile the tests are built with),
+#     stripped of their line tables: one build of each binary serves both the
+#     tests and the pods, where optimised release binaries (fat LTO) took
+#     minutes of their own on every change. With CAIRN_IMAGE_ARTIFACTS naming
+#     the JSON messages of `cargo test --no-run --message-format=json` (the
+#     test command's), the executables that build made; without it, a
+#     `cargo build` of the four binaries;
+#   - with CAIRN_IMAGE_PROFILE=release, optimised release builds (what users
+#     run: hack/bench.sh measures memory and time with these).
 #
 # Bases are cached by their recipe, images by base and binary, so a changed
 # binary costs one layer (seconds). The images keep what the Dockerfiles say
@@ -193,34 +206,88 @@ release_binaries() {
   echo "$out"
 }
 
+# The debug build's binaries, stripped of their line tables, in a folder
+# cached by their contents. Prints the folder.
+debug_binaries() {
+  local binary executables=()
+  if [[ -n ${CAIRN_IMAGE_ARTIFACTS:-} ]]; then
+    mapfile -t executables < <(python3 - "$CAIRN_IMAGE_ARTIFACTS" "${RELEASE_BINARIES[@]}" <<'PY'
+import json, sys
+wanted, found = sys.argv[2:], {}
+for line in open(sys.argv[1]):
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and not m["profile"]["test"] \
+            and "bin" in m["target"]["kind"] and m["target"]["name"] in wanted:
+        found[m["target"]["name"]] = m["executable"]
+missing = [w for w in wanted if w not in found]
+if missing:
+    sys.exit(f"the test build made no executable for {missing}")
+print("\n".join(found[w] for w in wanted))
+PY
+)
+  else
+    cargo build --locked --quiet "${RELEASE_BINARIES[@]/#/--package=}"
+    for binary in "${RELEASE_BINARIES[@]}"; do executables+=("$CARGO_TARGET_DIR/debug/$binary"); done
+  fi
+  local key out i
+  key=$(sha256sum "${executables[@]}" | hash_of)
+  out=$IMAGES/debug/$key
+  if [[ ! -d $out ]]; then
+    rm -rf "$out.partial" && mkdir -p "$out.partial"
+    for i in "${!RELEASE_BINARIES[@]}"; do
+      objcopy --strip-debug "${executables[$i]}" "$out.partial/${RELEASE_BINARIES[$i]}"
+    done
+    mv "$out.partial" "$out"
+    # shellcheck disable=SC2012 # plain folder names
+    ls -1dt "$IMAGES"/debug/*/ | tail -n +4 | xargs -r rm -rf
+  fi
+  touch "$out"
+  echo "$out"
+}
+
+# The bases of the workspace images (Debian packages), made or reused.
+POSTGRES_PACKAGES=(--variant=minbase --skip=output/dev --include="postgresql-$POSTGRES_MAJOR,ca-certificates"
+  '--essential-hook=echo "postgres:x:999:999:PostgreSQL administrator:/var/lib/postgresql:/bin/bash" >>"$1/etc/passwd" && echo "postgres:x:999:" >>"$1/etc/group" && echo "postgres:*:20000:0:99999:7:::" >>"$1/etc/shadow"'
+  '--essential-hook=mkdir -p "$1/etc/postgresql-common/createcluster.d" && echo "create_main_cluster = false" >"$1/etc/postgresql-common/createcluster.d/cairn.conf"'
+  "--customize-hook=rm -rf \"\$1\"/usr/lib/postgresql/$POSTGRES_MAJOR/lib/llvmjit* \"\$1\"/usr/lib/postgresql/$POSTGRES_MAJOR/lib/bitcode \"\$1\"/usr/lib/x86_64-linux-gnu/libLLVM* \"\$1\"/usr/share/doc \"\$1\"/usr/share/man \"\$1\"/usr/share/locale \"\$1\"/var/cache/apt \"\$1\"/var/lib/apt/lists")
+postgres_base() { base postgres "${POSTGRES_PACKAGES[@]}"; }
+controller_base() {
+  # Like distroless/cc: glibc, libgcc, CA certificates, time zones, and the
+  # nonroot user 65532; no shell, no package manager.
+  unpacked controller libc6 libgcc-s1 ca-certificates tzdata netbase base-files -- '
+    cat "$1"/usr/share/ca-certificates/mozilla/*.crt >"$1/etc/ssl/certs/ca-certificates.crt"
+    printf "root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n" >"$1/etc/passwd"
+    printf "root:x:0:\nnonroot:x:65532:\n" >"$1/etc/group"
+    mkdir -p "$1/tmp" "$1/home/nonroot" && chmod 1777 "$1/tmp" && chown 65532:65532 "$1/home/nonroot"
+    rm -rf "$1/usr/share/doc" "$1/usr/share/man" "$1/usr/share/locale"'
+}
+bases() { postgres_base; controller_base; }
+
 workspace_images() {
   local release version
-  release=$(release_binaries)
+  case ${CAIRN_IMAGE_PROFILE:-debug} in
+    release) release=$(release_binaries) ;;
+    debug) release=$(debug_binaries) ;;
+    *) die "CAIRN_IMAGE_PROFILE is debug or release, not $CAIRN_IMAGE_PROFILE" ;;
+  esac
   version=$(cargo metadata --no-deps --format-version 1 --locked |
     python3 -c 'import json,sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "cairn-database-controller"))')
 
   # Like the official postgres image: user postgres is 999:999, PostgreSQL's
   # programs on PATH. LLVM (JIT, 130 MB) is left out; PostgreSQL runs without it.
   local postgres
-  postgres=$(base postgres --variant=minbase --skip=output/dev --include="postgresql-$POSTGRES_MAJOR,ca-certificates" \
-    '--essential-hook=echo "postgres:x:999:999:PostgreSQL administrator:/var/lib/postgresql:/bin/bash" >>"$1/etc/passwd" && echo "postgres:x:999:" >>"$1/etc/group" && echo "postgres:*:20000:0:99999:7:::" >>"$1/etc/shadow"' \
-    '--essential-hook=mkdir -p "$1/etc/postgresql-common/createcluster.d" && echo "create_main_cluster = false" >"$1/etc/postgresql-common/createcluster.d/cairn.conf"' \
-    "--customize-hook=rm -rf \"\$1\"/usr/lib/postgresql/$POSTGRES_MAJOR/lib/llvmjit* \"\$1\"/usr/lib/postgresql/$POSTGRES_MAJOR/lib/bitcode \"\$1\"/usr/lib/x86_64-linux-gnu/libLLVM* \"\$1\"/usr/share/doc \"\$1\"/usr/share/man \"\$1\"/usr/share/locale \"\$1\"/var/cache/apt \"\$1\"/var/lib/apt/lists")
+  postgres=$(postgres_base)
   image workspace "$INSTANCE_IMAGE" --config.user 999:999 \
     --config.entrypoint /usr/local/bin/cairn-instance \
     --config.env "PATH=/usr/lib/postgresql/$POSTGRES_MAJOR/bin:$PATH_IN_IMAGES" -- \
     "$postgres" "$release/cairn-instance=/usr/local/bin/cairn-instance"
   check_like_dockerfile "$CAIRN_ROOT/controllers/instance/Dockerfile" "$IMAGES/workspace/$(echo "${INSTANCE_IMAGE%%:*}" | tr '/' '_').tar"
 
-  # Like distroless/cc: glibc, libgcc, CA certificates, time zones, and the
-  # nonroot user 65532; no shell, no package manager.
   local runtime
-  runtime=$(unpacked controller libc6 libgcc-s1 ca-certificates tzdata netbase base-files -- '
-    cat "$1"/usr/share/ca-certificates/mozilla/*.crt >"$1/etc/ssl/certs/ca-certificates.crt"
-    printf "root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n" >"$1/etc/passwd"
-    printf "root:x:0:\nnonroot:x:65532:\n" >"$1/etc/group"
-    mkdir -p "$1/tmp" "$1/home/nonroot" && chmod 1777 "$1/tmp" && chown 65532:65532 "$1/home/nonroot"
-    rm -rf "$1/usr/share/doc" "$1/usr/share/man" "$1/usr/share/locale"')
+  runtime=$(controller_base)
   local binary
   for binary in cairn-database-controller cairn-backup-controller cairn-cloud-controller; do
     image workspace "ghcr.io/cairn-dev/$binary:$version" --config.user 65532:65532 --config.entrypoint /controller -- \
@@ -233,5 +300,6 @@ workspace_images() {
 case ${1:-} in
   node) node_images ;;
   workspace) workspace_images ;;
-  *) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  bases) bases ;;
+  *) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -1,40 +1,102 @@
 #!/usr/bin/env bash
-# The whole test suite, from a fresh machine or a warm one:
-#   1. builds (or reuses) the pinned control plane and tools, and moto's virtualenv;
-#      installs Debian's PostgreSQL server when missing (cairn-instance's tests)
-#      and the real nodes' packages (containerd, runc, CNI plugins, mmdebstrap, umoci);
-#   2. lints: cargo fmt, cargo clippy -D warnings, cargo deny (licenses, bans,
-#      sources), actionlint, helm lint, promtool (the alerts' checks and unit
-#      tests), bash -n;
-#   3. builds the images of the database pods and the controllers (hack/images.sh);
-#   4. starts a fresh local cluster in a temporary folder, with real nodes that
-#      get those images (stopped on exit, then checked for leftovers);
-#   5. runs every Rust test of the workspace against it, in two lanes side by
-#      side (hack/run-tests.sh), every test binary even after a failure, so
-#      one run shows every failure.
-# Arguments, if any, replace `--workspace` in the cargo test call, which then
-# runs alone (no lanes):
+# The whole test suite, from a fresh machine or a warm one, in two tiers:
+#
+#   preparation, in the background from the start (niced, so the tiers in the
+#   foreground keep the cores): the pinned control plane and tools
+#   (hack/build-tools.sh), cargo-deny, Debian's PostgreSQL server and the
+#   real nodes' packages, the images' Debian bases, moto's virtualenv;
+#
+#   tier 1, no cluster (fails fast, before anything is built for the cluster):
+#     cargo fmt, cargo clippy -D warnings, the test build, the unit and
+#     fake-API tests and the other binaries that need no cluster
+#     (hack/run-tests.sh unit), the doc tests; then, once the tools are
+#     there, cargo deny (licenses, bans, sources), actionlint, helm lint,
+#     promtool (the alerts' checks and unit tests), bash -n;
+#
+#   tier 2, the cluster: the images of the database pods and the controllers,
+#     made from the test build's own binaries (hack/images.sh); a fresh local
+#     cluster in a temporary folder with real nodes that get those images
+#     (stopped on exit, then checked for leftovers); every other test binary
+#     against it, in lanes (hack/run-tests.sh cluster), every binary even
+#     after a failure, so one run shows every failure.
+#
+# At the end: each step's time against its share of the budget (60 minutes on
+# a new machine, 20 warm), a warning for each step over its share, and the
+# slowest test binaries.
+#
+# Arguments, if any, replace `--workspace` in one `cargo test` call, which then
+# runs alone after tier 1's lint (no lanes, no unit tier):
 #   hack/test.sh -p cairn-e2e --test smoke
-# CAIRN_SKIP_LINT=1 skips step 2 (for a quick rerun of one test while other
-# files are being edited; CI never sets it). The components' logs are kept in
-# the cache's last-test-logs after a failure, and after any run with
+# CAIRN_SKIP_LINT=1 skips the lint steps (for a quick rerun of one test while
+# other files are being edited; CI never sets it). The components' logs are
+# kept in the cache's last-test-logs after a failure, and after any run with
 # CAIRN_KEEP_LOGS=1 (hack/chaos.sh sets it).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$CAIRN_ROOT"
 
-timings=()
+# The budget (seconds) and each step's share of it, warm and cold. A cold run
+# builds the control plane and every crate; a warm one finds them in the
+# cache (a fresh clone still rebuilds the workspace's own crates).
+BUDGET_WARM=1200
+BUDGET_COLD=3600
+declare -A SHARE_WARM=(
+  [lint: rust]=90 [build tests]=240 [unit tier]=60 [doc tests]=60 [lint: charts, workflows, deny]=45
+  [wait: tools]=30 [wait: packages and bases]=30 [wait: moto virtualenv]=10
+  [images]=60 [local cluster up]=60 [chart dependencies]=15 [cluster tier]=720 [local cluster down]=45
+)
+declare -A SHARE_COLD=(
+  [lint: rust]=420 [build tests]=600 [unit tier]=90 [doc tests]=120 [lint: charts, workflows, deny]=60
+  [wait: tools]=900 [wait: packages and bases]=60 [wait: moto virtualenv]=30
+  [images]=120 [local cluster up]=90 [chart dependencies]=30 [cluster tier]=780 [local cluster down]=45
+)
+
+timings=()   # "name<TAB>seconds"
 step() { # name command...
   local name=$1 start=$SECONDS; shift
   log "== $name"
   "$@"
-  timings+=("$(printf '%-28s %5d s' "$name" $((SECONDS - start)))")
+  timings+=("$name"$'\t'"$((SECONDS - start))")
 }
 
-lint() {
+# Background preparation: each job in a process group of its own (killed if
+# the run ends first), its output in a log, its status and time in files.
+PREP=$(mktemp -d -t cairn-prep.XXXXXX)
+declare -A JOBS=()
+background() { # name command...
+  local name=$1; shift
+  setsid bash -c '
+    start=$SECONDS
+    status=0
+    nice -n 10 "${@:3}" >"$1/$2.out" 2>"$1/$2.log" || status=$?
+    echo "$status $((SECONDS - start))" >"$1/$2.status"' _ "$PREP" "$name" "$@" &
+  JOBS[$name]=$!
+}
+# await NAME: waits for a background job; fails the run with its log if it failed.
+await() {
+  local name=$1 status seconds
+  wait "${JOBS[$name]}" 2>/dev/null || true
+  unset "JOBS[$name]"
+  read -r status seconds <"$PREP/$name.status" || die "background job $name left no status"
+  timings+=("$name (background)"$'\t'"$seconds")
+  if ((status != 0)); then
+    tail -n 60 "$PREP/$name.log" >&2
+    die "background job $name failed (exit $status)"
+  fi
+}
+stop_background() {
+  local pid
+  for pid in "${JOBS[@]}"; do kill -- "-$pid" 2>/dev/null || true; done
+  rm -rf "$PREP"
+}
+
+lint_rust() {
   cargo fmt --all -- --check
   cargo clippy --workspace --all-targets --locked -- -D warnings
-  "$(hack/cargo-deny.sh)" --locked check licenses bans sources
+}
+
+lint_rest() {
+  "$(cat "$PREP/cargo-deny.out")" --locked check licenses bans sources
   "$BIN/actionlint" .github/workflows/*.yml
   "$CAIRN_ROOT/hack/charts.sh" "$BIN/helm"
   "$BIN/helm" lint --strict --quiet charts/*/
@@ -57,8 +119,8 @@ lint() {
 }
 
 STATE=""
-stop_cluster() {
-  local status=$?
+stop_cluster() { # [exit status of the run]
+  local status=${1:-$?}
   [[ -n "$STATE" ]] || return 0
   if ((status != 0)) || [[ -n ${CAIRN_KEEP_LOGS:-} ]]; then
     local logs
@@ -91,11 +153,11 @@ stop_cluster() {
     die "processes of the test cluster are still running after down"
   fi
   rm -rf "$(dirname "$STATE")"
+  STATE=""
 }
 
 start_cluster() {
   STATE=$(mktemp -d -t cairn-test.XXXXXX)/cluster
-  trap 'stop_cluster; rm -f "$ARTIFACTS"' EXIT
   "$CAIRN_ROOT/hack/local-cluster.sh" up "$STATE"
   "$CAIRN_ROOT/hack/local-cluster.sh" import-images "$STATE" "$IMAGES"/*.tar
   # KUBECONFIG and the rest point at the test cluster, for cargo test and any
@@ -104,38 +166,100 @@ start_cluster() {
   source "$STATE/env"
 }
 
-total_start=$SECONDS
-build_tools() { BIN=$("$CAIRN_ROOT/hack/build-tools.sh"); }
-step "tools" build_tools
-step "moto virtualenv" "$CAIRN_ROOT/hack/moto-venv.sh" >/dev/null
-postgres_server() { CAIRN_POSTGRES_BINDIR=$("$CAIRN_ROOT/hack/postgres.sh"); export CAIRN_POSTGRES_BINDIR; }
-step "postgresql server" postgres_server
-step "node packages" "$CAIRN_ROOT/hack/node-packages.sh"
-if [[ "${CAIRN_SKIP_LINT:-}" == 1 ]]; then log "== lint skipped (CAIRN_SKIP_LINT=1)"; else step "lint" lint; fi
+ARTIFACTS=$(mktemp -t cairn-test-artifacts.XXXXXX)
+cold=0 total_start=$SECONDS
+reported=0
+on_exit() {
+  local status=$?
+  stop_cluster "$status"
+  stop_background
+  rm -f "$ARTIFACTS"
+  # A run that failed early still shows where its time went.
+  ((reported)) || report "$cold" $((SECONDS - total_start))
+}
+trap on_exit EXIT
+
+# The step table against the budget; a warning for each step over its share.
+report() {
+  local cold=$1 total=$2 budget=$BUDGET_WARM table=SHARE_WARM name seconds share over=()
+  reported=1
+  if ((cold)); then table=SHARE_COLD; budget=$BUDGET_COLD; fi
+  local -n shares=$table
+  log "== timings ($( ((cold)) && echo "cold: the control plane was built" || echo warm), budget $budget s)"
+  printf '  %-36s %6s %6s\n' step seconds share >&2
+  for entry in "${timings[@]}"; do
+    IFS=$'\t' read -r name seconds <<<"$entry"
+    share=${shares[$name]:-}
+    printf '  %-36s %6d %6s\n' "$name" "$seconds" "${share:--}" >&2
+    if [[ -n $share ]] && ((seconds > share)); then over+=("$name: $seconds s, share $share s"); fi
+  done
+  printf '  %-36s %6d %6d\n' total "$total" "$budget" >&2
+  local warning
+  for warning in "${over[@]}"; do log "warning: over its share of the budget: $warning"; done
+  ((total <= budget)) || log "warning: the run took $total s, over its budget of $budget s"
+  [[ ! -s $CAIRN_CACHE/test-times.tsv ]] || {
+    log "slowest test binaries (tier, seconds, verdict, binary):"
+    sort -t$'\t' -k2,2nr "$CAIRN_CACHE/test-times.tsv" | head -n 10 | sed 's/^/  /' >&2
+  }
+}
+
+# Whether this run builds the control plane (a cold run, for the budget).
+[[ -d $(bin_dir) && -x $(bin_dir)/kube-apiserver ]] || cold=1
+
+# Preparation in the background. apt is one at a time: the packages in one job.
+background tools "$CAIRN_ROOT/hack/build-tools.sh"
+background cargo-deny "$CAIRN_ROOT/hack/cargo-deny.sh"
+background moto "$CAIRN_ROOT/hack/moto-venv.sh"
+packages_and_bases() {
+  "$CAIRN_ROOT/hack/postgres.sh"
+  "$CAIRN_ROOT/hack/node-packages.sh"
+  "$CAIRN_ROOT/hack/images.sh" bases >/dev/null
+}
+export -f packages_and_bases
+background packages bash -c 'set -euo pipefail; packages_and_bases'
+
 test_args=("$@")
 ((${#test_args[@]})) || test_args=(--workspace)
-ARTIFACTS=$(mktemp -t cairn-test-artifacts.XXXXXX)
-trap 'rm -f "$ARTIFACTS"' EXIT
 build_tests() {
   cargo test --locked --no-run --message-format=json-render-diagnostics "${test_args[@]}" >"$ARTIFACTS"
+  "$CAIRN_ROOT/hack/prune-target.sh" "$ARTIFACTS"
 }
+await_tools() { await tools; BIN=$(cat "$PREP/tools.out"); }
+
+log "tier 1: no cluster"
+if [[ "${CAIRN_SKIP_LINT:-}" == 1 ]]; then log "== lint skipped (CAIRN_SKIP_LINT=1)"; else step "lint: rust" lint_rust; fi
 step "build tests" build_tests
-build_images() { IMAGES=$("$CAIRN_ROOT/hack/images.sh" workspace); }
+if ((!$#)); then
+  step "unit tier" "$CAIRN_ROOT/hack/run-tests.sh" unit "$ARTIFACTS"
+  step "doc tests" cargo test --locked --workspace --doc --quiet
+fi
+step "wait: tools" await_tools
+await cargo-deny
+if [[ "${CAIRN_SKIP_LINT:-}" != 1 ]]; then step "lint: charts, workflows, deny" lint_rest; fi
+
+log "tier 2: the cluster"
+wait_packages() {
+  await packages
+  CAIRN_POSTGRES_BINDIR=$(head -n 1 "$PREP/packages.out")
+  export CAIRN_POSTGRES_BINDIR
+}
+step "wait: packages and bases" wait_packages
+step "wait: moto virtualenv" await moto
+build_images() {
+  IMAGES=$(CAIRN_IMAGE_ARTIFACTS=$ARTIFACTS "$CAIRN_ROOT/hack/images.sh" workspace)
+}
 step "images" build_images
 step "local cluster up" start_cluster
 # The charts' dependencies, built once: tests running side by side must not
 # rebuild them under each other's helm.
 build_charts() { "$CAIRN_ROOT/hack/charts.sh" "$BIN/helm"; export CAIRN_CHARTS_BUILT=1; }
 step "chart dependencies" build_charts
+status=0
 if (($#)); then
-  step "cargo test" cargo test --locked --no-fail-fast "${test_args[@]}"
+  step "cargo test" cargo test --locked --no-fail-fast "${test_args[@]}" || status=$?
 else
-  step "tests in lanes" "$CAIRN_ROOT/hack/run-tests.sh" "$ARTIFACTS"
+  step "cluster tier" "$CAIRN_ROOT/hack/run-tests.sh" cluster "$ARTIFACTS" || status=$?
 fi
-rm -f "$ARTIFACTS"
-step "local cluster down" stop_cluster
-trap - EXIT
-
-log "== timings"
-printf '  %s\n' "${timings[@]}" >&2
-log "total $((SECONDS - total_start)) s"
+step "local cluster down" stop_cluster "$status"
+report "$cold" $((SECONDS - total_start))
+exit "$status"

@@ -48,8 +48,12 @@ fn every_alert_is_tested_firing_and_silent_and_has_a_runbook() -> Result {
         files.len() >= 2,
         "the database and backup charts have alerts: {files:?}"
     );
-    for (rules, tests) in files {
-        let rules = yaml(&rules)?;
+    assert!(
+        !sections.is_empty(),
+        "docs/runbooks.md has no runbook section"
+    );
+    for (rules_path, tests) in files {
+        let rules = yaml(&rules_path)?;
         let mut alerts = BTreeMap::new();
         for group in rules["groups"].as_sequence().into_iter().flatten() {
             for rule in group["rules"].as_sequence().into_iter().flatten() {
@@ -58,6 +62,11 @@ fn every_alert_is_tested_firing_and_silent_and_has_a_runbook() -> Result {
                 }
             }
         }
+        assert!(
+            !alerts.is_empty(),
+            "{}: no alert read",
+            rules_path.display()
+        );
         // (fires, stays silent) per alert.
         let mut seen: BTreeMap<String, (bool, bool)> = BTreeMap::new();
         for test in yaml(&tests)?["tests"].as_sequence().into_iter().flatten() {
@@ -74,6 +83,7 @@ fn every_alert_is_tested_firing_and_silent_and_has_a_runbook() -> Result {
                 }
             }
         }
+        assert!(!seen.is_empty(), "{}: no alert test read", tests.display());
         for (name, rule) in &alerts {
             assert_eq!(
                 seen.get(name),

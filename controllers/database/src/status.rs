@@ -543,13 +543,23 @@ mod tests {
         );
         assert_eq!(reason_of(&status, PROGRESSING).0, "False");
         assert_eq!(reason_of(&status, DEGRADED).0, "False");
-        assert_eq!(status.ready_instances, Some(3));
-        assert_eq!(status.observed_generation, Some(2));
-        assert_eq!(status.current_primary.as_deref(), Some("orders-0"));
         assert_eq!(
             status.endpoints.and_then(|e| e.read_write).as_deref(),
             Some("orders-rw.shop.svc:5432")
         );
+    }
+
+    /// Each count and name comes from its own source: values that differ
+    /// from one another catch a field filled from the wrong one.
+    #[test]
+    fn each_field_comes_from_its_own_source() {
+        let mut cluster = cluster(5, None);
+        cluster.metadata.generation = Some(7);
+        let status = observe(&cluster, instances(4, 2, 3), "orders-3", &now());
+        assert_eq!(status.instances, Some(4), "pods that exist");
+        assert_eq!(status.ready_instances, Some(2), "pods that are ready");
+        assert_eq!(status.observed_generation, Some(7));
+        assert_eq!(status.current_primary.as_deref(), Some("orders-3"));
     }
 
     #[test]

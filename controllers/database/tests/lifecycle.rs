@@ -1,7 +1,7 @@
 //! A DatabaseCluster's life with the controller running as a real process
 //! under its chart's RBAC: creation, scaling, storage growth, configuration
 //! changes, drift repair, credentials kept, deletion; many clusters through a
-//! controller restart, then two idle minutes without a write.
+//! controller restart, then an idle window of resyncs without a write.
 
 mod support;
 
@@ -25,6 +25,10 @@ use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
 const LONG: Duration = Duration::from_secs(90);
+/// Resync every 10 s (the shortest the controller takes).
+const RESYNC: &[(&str, &str)] = &[("CAIRN_RESYNC_SECONDS", "10")];
+/// The idle window: more than two resyncs.
+const IDLE: Duration = Duration::from_secs(25);
 
 async fn patch_spec(
     api: &Api<DatabaseCluster>,
@@ -104,7 +108,8 @@ async fn a_cluster_is_created_scaled_grown_reconfigured_repaired_and_deleted() -
 {
     let namespace = support::namespace("lifecycle").await?;
     let account = support::install_rbac(&namespace, "lifecycle").await?;
-    let mut controller = support::start(&namespace, "lifecycle", &account, &[])?;
+    // A 10 s resync bounds the waits for a reconcile after a change.
+    let mut controller = support::start(&namespace, "lifecycle", &account, RESYNC)?;
     let clusters = namespace.api::<DatabaseCluster>();
 
     // Created: Ready, Running, every child owned by it.
@@ -277,10 +282,14 @@ async fn a_cluster_is_created_scaled_grown_reconfigured_repaired_and_deleted() -
     )
     .await?;
     until_ready(&clusters, "orders", 2).await?;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Two more reconciles: at least one began with the new configuration in
+    // place, so a restart it decided on would have been issued.
+    let since = support::reconciles(&controller).await?;
+    support::reconciled(&controller, since, 2.0, LONG).await?;
     let after: BTreeMap<String, String> = pods(&namespace, "orders")
         .await?
         .into_iter()
+        .filter(|(_, p)| p.metadata.deletion_timestamp.is_none())
         .map(|(n, p)| (n, p.uid().unwrap_or_default()))
         .collect();
     assert_eq!(before, after, "a reloadable change restarts no pod");
@@ -455,10 +464,38 @@ async fn twenty_clusters_converge_through_a_restart_then_idle_without_writes() -
     for name in &names {
         support::create(&clusters, &support::database_cluster(name, 1)).await?;
     }
-    // Killed in the middle of creating them, then started again.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Killed in the middle of creating them, then started again: once it
+    // has made the first StatefulSet, while clusters are still not Ready.
+    let sets = namespace.api::<StatefulSet>();
+    wait::until("the first StatefulSet", LONG, || async {
+        let made = sets
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((!made.items.is_empty()).then_some(()))
+    })
+    .await?;
     first.kill()?;
-    let controller = support::start(&namespace, "many-again", &account, &[])?;
+    let ready_at_kill = clusters
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter(|c| {
+            c.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+            })
+        })
+        .count();
+    println!("clusters Ready when the controller was killed: {ready_at_kill} of 20");
+    assert!(
+        ready_at_kill < 20,
+        "the kill came after the creation, not in its middle"
+    );
+    // A 10 s resync: the idle window below sees every cluster reconciled.
+    let controller = support::start(&namespace, "many-again", &account, RESYNC)?;
     let started = Instant::now();
     for name in &names {
         until_ready(&clusters, name, 1).await?;
@@ -495,15 +532,26 @@ async fn twenty_clusters_converge_through_a_restart_then_idle_without_writes() -
     assert_eq!(secrets.len(), 60, "credentials, CA and server certificate");
     assert!(secrets.iter().all(|s| owned(&s.metadata)));
 
-    // Two idle minutes: no write from the controller's account.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Idle: every cluster reconciled again (its resync) and no write from
+    // the controller's account. The window starts once the last status
+    // write of the convergence is behind: a resync's worth of reconciles
+    // after all were Ready.
+    let since = support::reconciles(&controller).await?;
+    support::reconciled(&controller, since, 20.0, LONG).await?;
     let user = support::user(&namespace, &account);
-    let idle = support::writes_within(&user, &namespace.name, Duration::from_secs(120)).await?;
+    let before_idle = support::reconciles(&controller).await?;
+    let idle = support::writes_within(&user, &namespace.name, IDLE).await?;
+    let idle_reconciles = support::reconciles(&controller).await? - before_idle;
     println!(
-        "writes in two idle minutes with 20 clusters: {}",
+        "idle {} s with 20 clusters: {idle_reconciles} reconciles, {} writes",
+        IDLE.as_secs(),
         idle.len()
     );
     assert_eq!(idle, vec![]);
+    assert!(
+        idle_reconciles >= 20.0,
+        "every cluster reconciled in the idle window: {idle_reconciles}"
+    );
     drop(controller);
 
     // Deleting the namespace with its clusters completes.
@@ -518,7 +566,7 @@ async fn twenty_clusters_converge_through_a_restart_then_idle_without_writes() -
 async fn clusters_that_cannot_proceed_say_why() -> Result<(), Error> {
     let namespace = support::namespace("paused").await?;
     let account = support::install_rbac(&namespace, "paused").await?;
-    let _controller = support::start(&namespace, "paused", &account, &[])?;
+    let controller = support::start(&namespace, "paused", &account, RESYNC)?;
     let clusters = namespace.api::<DatabaseCluster>();
 
     // Storage on a class without volume expansion: nothing patched, a reason.
@@ -576,11 +624,14 @@ async fn clusters_that_cannot_proceed_say_why() -> Result<(), Error> {
             == Some("Paused")
     })
     .await?;
+    let since = support::reconciles(&controller).await?;
     namespace
         .api::<ConfigMap>()
         .delete("held-config", &DeleteParams::default())
         .await?;
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // The deletion wakes the controller at once; three reconciles later (the
+    // other cluster here resyncs every 10 s), one has seen it.
+    support::reconciled(&controller, since, 3.0, LONG).await?;
     assert!(
         namespace
             .api::<ConfigMap>()

@@ -96,16 +96,25 @@ async fn steady_state_writes_nothing_and_metrics_name_no_object() -> Result<(), 
         support::until_condition(&clusters, name, "Ready", "True", Duration::from_secs(90)).await?;
     }
 
-    // Let the last status write and its echo settle, then watch idle.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Let the last status write and its echo settle (two reconciles after
+    // both were Ready), then watch idle for more than two resyncs: each
+    // cluster is reconciled at least twice, and nothing is written.
+    const IDLE: Duration = Duration::from_secs(25);
+    let settled = reconciles(&process).await?;
+    support::reconciled(&process, settled, 2.0, Duration::from_secs(30)).await?;
     let user = support::user(&namespace, &account);
     let reconciles_before = reconciles(&process).await?;
-    let idle_writes =
-        support::writes_within(&user, &namespace.name, Duration::from_secs(60)).await?;
+    let idle_writes = support::writes_within(&user, &namespace.name, IDLE).await?;
     assert_eq!(idle_writes, vec![], "an unchanged cluster costs no write");
     let idle_reconciles = reconciles(&process).await? - reconciles_before;
-    println!("idle 60 s: {idle_reconciles} reconciles, 0 writes");
-    assert!(idle_reconciles >= 2.0, "resyncs ran: {idle_reconciles}");
+    println!(
+        "idle {} s: {idle_reconciles} reconciles, 0 writes",
+        IDLE.as_secs()
+    );
+    assert!(
+        idle_reconciles >= 4.0,
+        "both clusters resynced twice: {idle_reconciles}"
+    );
 
     let metrics = process.metrics().await?;
     for series in [

@@ -143,9 +143,10 @@ async fn a_primary_and_two_replicas_stream_and_resume() -> Result {
                 );
                 break;
             }
+            // A wait's deadline, not a lag bound: the lag is printed above.
             assert!(
-                written.elapsed() < Duration::from_secs(5),
-                "row not on {} within 5 s",
+                written.elapsed() < Duration::from_secs(60),
+                "row not on {} within 60 s",
                 replica.spec.name
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -554,11 +555,15 @@ async fn an_old_primary_back_after_the_primary_removed_the_wal_since_the_switch_
     // Only now: the old primary's folder keeps its own WAL (the default
     // `wal_keep_size`), the new primary recycles its own.
     fixture.set_parameters(&[("max_slot_wal_keep_size", "32MB"), ("wal_keep_size", "0")])?;
-    let started = Instant::now();
-    while new.show("wal_keep_size").await? != "0" {
-        assert!(started.elapsed() < Duration::from_secs(30), "not reloaded");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    // A wait, not a timing claim: the reload's time is not what this tests.
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while new.show("wal_keep_size").await? != "0" {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Ok::<_, Box<dyn std::error::Error>>(())
+    })
+    .await
+    .map_err(|_| "wal_keep_size = 0 not reloaded within 60 s")??;
     recycle_the_first_segments(&new).await?;
 
     let old = rejoin(&fixture, &old_spec, &new).await?;

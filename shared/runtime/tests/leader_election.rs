@@ -53,9 +53,14 @@ async fn one_leader_then_release_then_expiry() -> Result {
     let takeover = released_at.elapsed();
     assert_eq!(holder(&ns).await.as_deref(), Some("replica-b"));
     eprintln!("takeover after release: {takeover:?}");
+    // Released, not expired: the standby takes it at its next look (one
+    // retry interval, one round of requests), well before the lease could
+    // have run out. The figure itself is a benchmark's.
+    let timing = Timing::default();
     assert!(
-        takeover < Duration::from_secs(3),
-        "takeover took {takeover:?}"
+        takeover < timing.retry_interval + timing.request_timeout
+            && takeover < timing.lease_duration - timing.renew_interval,
+        "a released lease was taken only after {takeover:?}: as if it had expired"
     );
 
     // An abandoned lease (a killed leader) moves once it expires.
@@ -65,9 +70,16 @@ async fn one_leader_then_release_then_expiry() -> Result {
     tokio::time::timeout(Duration::from_secs(30), third.acquired()).await??;
     let takeover = abandoned_at.elapsed();
     eprintln!("takeover after abandonment: {takeover:?}");
+    // Safety: never before the lease could have expired (its last renewal
+    // was at most one renew interval before the abandonment). Liveness: by
+    // the expiry plus the standby's next look.
     assert!(
-        takeover < Duration::from_secs(20),
-        "takeover took {takeover:?}"
+        takeover >= timing.lease_duration - timing.renew_interval,
+        "an abandoned lease was taken {takeover:?} after its holder stopped: before it expired"
+    );
+    assert!(
+        takeover <= timing.lease_duration + timing.retry_interval + timing.request_timeout,
+        "an expired lease was taken only after {takeover:?}"
     );
     assert_eq!(holder(&ns).await.as_deref(), Some("replica-c"));
     Ok(())

@@ -103,6 +103,12 @@ pub struct Fault {
 struct State {
     requests: Vec<Recorded>,
     faults: Vec<Fault>,
+    /// How often each of `faults` answered a request.
+    fired: Vec<usize>,
+    /// Faults removed before they ever answered a request.
+    unfired: Vec<String>,
+    /// Calls the test expects to come (method, path fragment).
+    expected: Vec<(String, String)>,
     objects: std::collections::HashMap<String, Value>,
     /// The resourceVersion of the latest change.
     revision: u64,
@@ -207,16 +213,72 @@ impl Body for WatchBody {
 type Answered = Response<Either<Full<Bytes>, WatchBody>>;
 
 /// The fake and the requests it saw.
+///
+/// When the test's last handle is dropped, the fake fails the test (panics)
+/// if a fault it was given never answered a request, or a call the test
+/// expected ([`FakeApi::expect_call`]) never came: a test whose fault never
+/// fired tests nothing.
 #[derive(Clone, Default)]
 pub struct FakeApi {
     state: Arc<Mutex<State>>,
+    /// Held for its `Drop`: the test's handles have one, the server's none.
+    _verifier: Option<Arc<Verifier>>,
+}
+
+/// Checks, when the test is done with the fake, that every fault fired and
+/// every expected call came.
+struct Verifier(Arc<Mutex<State>>);
+
+impl Drop for Verifier {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
+        let state = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut problems: Vec<String> = state.unfired.clone();
+        for (fault, fired) in state.faults.iter().zip(&state.fired) {
+            if *fired == 0 {
+                problems.push(describe(fault));
+            }
+        }
+        for (method, path) in &state.expected {
+            let verb_matches = |r: &Recorded| {
+                r.method == *method || verb(&r.method, &r.path, &r.query) == method.as_str()
+            };
+            if !state
+                .requests
+                .iter()
+                .any(|r| verb_matches(r) && r.path.contains(path.as_str()))
+            {
+                problems.push(format!("the expected call {method} {path} never came"));
+            }
+        }
+        if !problems.is_empty() {
+            panic!("the fake API server's checks failed: {problems:#?}");
+        }
+    }
+}
+
+fn describe(fault: &Fault) -> String {
+    format!(
+        "the fault {:?} for {} {} never fired",
+        fault.answer, fault.method, fault.path
+    )
 }
 
 impl FakeApi {
     /// A fake and a client of it (default namespace `default`).
     pub fn new() -> (Self, Client) {
-        let fake = Self::default();
-        let serving = fake.clone();
+        let state = Arc::new(Mutex::new(State::default()));
+        let fake = Self {
+            state: state.clone(),
+            _verifier: Some(Arc::new(Verifier(state.clone()))),
+        };
+        // The server's own handle checks nothing: the test's last one does.
+        let serving = Self {
+            state,
+            _verifier: None,
+        };
         let service = tower::service_fn(move |request: Request<kube::client::Body>| {
             let fake = serving.clone();
             async move { fake.answer(request).await }
@@ -252,14 +314,35 @@ impl FakeApi {
         state.history.retain(|(revision, ..)| *revision > compacted);
     }
 
-    /// Adds a fault.
+    /// Adds a fault. It must answer a request before the test ends.
     pub fn inject(&self, fault: Fault) {
-        self.lock().faults.push(fault);
+        let mut state = self.lock();
+        state.faults.push(fault);
+        state.fired.push(0);
     }
 
     /// Removes every fault: the requests from now on are answered normally.
+    /// A fault removed before it fired still fails the test.
     pub fn clear_faults(&self) {
-        self.lock().faults.clear();
+        let mut state = self.lock();
+        let unfired: Vec<String> = state
+            .faults
+            .iter()
+            .zip(&state.fired)
+            .filter(|(_, fired)| **fired == 0)
+            .map(|(fault, _)| describe(fault))
+            .collect();
+        state.unfired.extend(unfired);
+        state.faults.clear();
+        state.fired.clear();
+    }
+
+    /// A call (`method` as for [`Fault`], a fragment of the path) that must
+    /// come before the test ends.
+    pub fn expect_call(&self, method: &str, path: &str) {
+        self.lock()
+            .expected
+            .push((method.to_owned(), path.to_owned()));
     }
 
     /// Every request so far, in order.
@@ -301,20 +384,20 @@ impl FakeApi {
             query: query.clone(),
             body: body.clone(),
         });
-        let fault = state
-            .faults
-            .iter_mut()
-            .find(|f| {
-                (f.method == method || f.method == verb) && path.contains(&f.path) && f.times > 0
-            })
-            .and_then(|fault| {
-                if fault.skip > 0 {
-                    fault.skip -= 1;
-                    return None;
-                }
-                fault.times -= 1;
-                Some(fault.answer.clone())
-            });
+        let matching = state.faults.iter().position(|f| {
+            (f.method == method || f.method == verb) && path.contains(&f.path) && f.times > 0
+        });
+        let fault = matching.and_then(|index| {
+            let fault = &mut state.faults[index];
+            if fault.skip > 0 {
+                fault.skip -= 1;
+                return None;
+            }
+            fault.times -= 1;
+            let answer = fault.answer.clone();
+            state.fired[index] += 1;
+            Some(answer)
+        });
         // A status write changes its parent; a create posts to the collection.
         let mut object_path = path.strip_suffix("/status").unwrap_or(&path).to_owned();
         if let ("POST", Some(name)) = (method.as_str(), body["metadata"]["name"].as_str()) {
@@ -509,6 +592,46 @@ mod tests {
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::Api;
     use kube::api::{Patch, PatchParams};
+
+    /// A test whose fault never fired tests nothing: the fake fails it.
+    #[tokio::test]
+    #[should_panic(expected = "never fired")]
+    async fn a_fault_that_never_fired_fails_the_test() {
+        let (fake, client) = FakeApi::new();
+        fake.inject(Fault {
+            method: "PATCH",
+            path: "/configmaps/never-asked".into(),
+            answer: Answer::ConnectionLost,
+            skip: 0,
+            times: 1,
+        });
+        let maps = Api::<ConfigMap>::namespaced(client, "shop");
+        let _ = maps.get_opt("a").await;
+    }
+
+    #[tokio::test]
+    #[should_panic(expected = "never came")]
+    async fn an_expected_call_that_never_came_fails_the_test() {
+        let (fake, client) = FakeApi::new();
+        fake.expect_call("DELETE", "/configmaps/a");
+        let maps = Api::<ConfigMap>::namespaced(client, "shop");
+        let _ = maps.get_opt("a").await;
+    }
+
+    #[tokio::test]
+    async fn a_fault_that_fired_and_a_call_that_came_pass() {
+        let (fake, client) = FakeApi::new();
+        fake.inject(Fault {
+            method: "GET",
+            path: "/configmaps/a".into(),
+            answer: Answer::Status(500, "InternalError"),
+            skip: 0,
+            times: 1,
+        });
+        fake.expect_call("GET", "/configmaps/a");
+        let maps = Api::<ConfigMap>::namespaced(client, "shop");
+        assert!(maps.get_opt("a").await.is_err());
+    }
 
     #[tokio::test]
     async fn writes_are_echoed_and_faults_answer_in_their_place() {

@@ -178,6 +178,29 @@ impl FaultProxy {
         self.lock().seen.clone()
     }
 
+    /// Watches the requests from now on for `window`: the first one
+    /// `unwanted` accepts, as soon as it arrives (`None` when none came).
+    /// The proof that the caller stayed silent, ended early when it did not.
+    pub async fn unwanted_within(
+        &self,
+        window: Duration,
+        unwanted: impl Fn(&Seen) -> bool,
+    ) -> Option<Seen> {
+        let start = Instant::now();
+        loop {
+            let found = self
+                .lock()
+                .seen
+                .iter()
+                .find(|s| s.at >= start && unwanted(s))
+                .cloned();
+            if found.is_some() || start.elapsed() >= window {
+                return found;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// The most requests received within any `window` (every attempt of
     /// the caller, answered by the provider or by an injected fault), among
     /// those received since `since`.

@@ -152,3 +152,29 @@ pub async fn writes_within(
 pub fn user(namespace: &TestNamespace, account: &str) -> String {
     format!("system:serviceaccount:{}:{account}", namespace.name)
 }
+
+/// The DatabaseCluster reconciles `process` has finished (its metric).
+pub async fn reconciles(process: &ControllerProcess) -> Result<f64, Error> {
+    const SERIES: &str = "cairn_reconcile_total{kind=\"DatabaseCluster\",controller=\"database\"}";
+    Ok(process.metric(SERIES).await?.unwrap_or(0.0))
+}
+
+/// Waits until `process` has finished `count` more reconciles than `since`:
+/// with `count` of 2, at least one began after `since` was read. The proof
+/// that a reconcile saw a change, before a test asserts what it did not do.
+pub async fn reconciled(
+    process: &ControllerProcess,
+    since: f64,
+    count: f64,
+    timeout: Duration,
+) -> Result<(), Error> {
+    wait::until("reconciles after the change", timeout, || async {
+        let done = reconciles(process).await.map_err(|e| e.to_string())?;
+        if done >= since + count {
+            Ok(Some(()))
+        } else {
+            Err(format!("{} reconciles since", done - since))
+        }
+    })
+    .await
+}
