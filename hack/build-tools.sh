@@ -12,6 +12,10 @@
 # cnpg-crds.yaml and its ClusterRole as cnpg-role.yaml; nothing else. No
 # default run (the test suite's, local-cluster.sh's) ever builds it.
 #
+# With `cluster`, builds only what the local cluster runs (hack/local-cluster.sh,
+# and so hack/dev-up.sh): not promtool, the Prometheus server nor actionlint,
+# which only the test command's checks use.
+#
 # Prints the bin folder on stdout.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -112,7 +116,15 @@ if [[ ${1:-} == cnpg ]]; then
   echo "$BIN"
   exit 0
 fi
-[[ -z ${1:-} ]] || die "unknown component ${1}: only cnpg is built on request"
+# `cluster`: only what the local cluster runs (hack/local-cluster.sh); the
+# checks' tools (promtool, the Prometheus server of the dashboards' test,
+# actionlint) are left for the test command, which builds everything.
+only_cluster=0
+case ${1:-} in
+  "") ;;
+  cluster) only_cluster=1 ;;
+  *) die "unknown argument ${1}: cnpg or cluster" ;;
+esac
 
 k8s_version_ldflags() {
   local v=$KUBERNETES_VERSION minor date
@@ -140,9 +152,9 @@ kubernetes_chain() {
 other_chain() {
   build etcd go.etcd.io/etcd/server/v3 "" etcd=go.etcd.io/etcd/server/v3
   build kwok sigs.k8s.io/kwok "-X sigs.k8s.io/kwok/pkg/consts.Version=$(pinned_version kwok sigs.k8s.io/kwok)" kwok=sigs.k8s.io/kwok/cmd/kwok
-  build prometheus github.com/prometheus/prometheus "" promtool=github.com/prometheus/prometheus/cmd/promtool prometheus=github.com/prometheus/prometheus/cmd/prometheus
+  ((only_cluster)) || build prometheus github.com/prometheus/prometheus "" promtool=github.com/prometheus/prometheus/cmd/promtool prometheus=github.com/prometheus/prometheus/cmd/prometheus
   build helm helm.sh/helm/v3 "-X helm.sh/helm/v3/internal/version.version=$(pinned_version helm helm.sh/helm/v3) -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$(echo "$KUBERNETES_VERSION" | cut -d. -f2)" helm=helm.sh/helm/v3/cmd/helm
-  build actionlint github.com/rhysd/actionlint "-X github.com/rhysd/actionlint.version=$(pinned_version actionlint github.com/rhysd/actionlint)" actionlint=github.com/rhysd/actionlint/cmd/actionlint
+  ((only_cluster)) || build actionlint github.com/rhysd/actionlint "-X github.com/rhysd/actionlint.version=$(pinned_version actionlint github.com/rhysd/actionlint)" actionlint=github.com/rhysd/actionlint/cmd/actionlint
   # CoreDNS from the main package beside its pins: only the plugins the
   # Corefile uses (hack/tools/coredns/main.go).
   build coredns github.com/coredns/coredns "-X github.com/coredns/coredns/coremain.GitCommit=$(pinned_version coredns github.com/coredns/coredns)" coredns=.

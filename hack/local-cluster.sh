@@ -372,7 +372,7 @@ up() {
   [[ -d "$STATE" ]] && down_quietly
   local start_time=$SECONDS ports i
   ((EUID == 0)) || die "the local cluster needs root: it makes network interfaces, routes and iptables rules, and its real nodes run containers"
-  BIN=$("$CAIRN_ROOT/hack/build-tools.sh")
+  BIN=$("$CAIRN_ROOT/hack/build-tools.sh" cluster)
   "$CAIRN_ROOT/hack/node-packages.sh"
   local node_images
   node_images=$("$CAIRN_ROOT/hack/images.sh" node)

@@ -6,21 +6,21 @@
 #       and the integration binaries in NO_CLUSTER, two at a time. A cluster
 #       is not reachable from this tier (CAIRN_CLUSTER_STATE names no folder).
 #   hack/run-tests.sh cluster ARTIFACTS   tier 2, against the running test
-#       cluster, in two lanes side by side, then the binaries that need the
+#       cluster, in three lanes side by side, then the binaries that need the
 #       cluster to themselves:
 #     - CLUSTER_WIDE, one at a time in the second lane: they install the
 #       charts cluster-wide (two Helm releases race on the CRDs' ownership)
 #       or stop and freeze the real nodes;
-#     - NAMESPACED: the first lane takes them from a shared queue at once, the
-#       second once its cluster-wide binaries are done. They use only their
+#     - NAMESPACED: the first and third lanes take them from a shared queue
+#       at once, the second once its cluster-wide binaries are done. They use only their
 #       own namespaces, kwok nodes and local processes;
 #     - ALONE, after both lanes: binaries that stop the API server, repoint a
 #       CRD's conversion webhook or pause kube-controller-manager; and any
 #       binary in no list (a new one runs alone until it is classified, with
 #       a warning that says so).
 #
-# Most of a binary's time is waiting (pods, deadlines), so the lanes share the
-# two cores well. The queues start with the binaries that took longest in the
+# Most of a binary's time is waiting (pods, deadlines), so three lanes share
+# the two cores well. The queues start with the binaries that took longest in the
 # last run (times kept in the cache), so short ones fill the end.
 #
 # Each binary has a time limit (LIMIT, or LIMITS for the ones named there):
@@ -38,7 +38,7 @@ source "$(dirname "$0")/lib.sh"
 # Package folder (relative to the repository) and target: one per binary.
 NO_CLUSTER=(
   api/committed_crds api/committed_reference api/conversion_roundtrip api/user_guide_examples
-  e2e/alerts
+  cli/cli e2e/alerts
 )
 NAMESPACED=(
   controllers/backup/artifacts controllers/backup/backups controllers/backup/schedules
@@ -134,7 +134,7 @@ failed_tests() { sed -n 's/^test \(.*\) \.\.\. FAILED$/\1/p' "$1" | sort -u; }
 run_binary() { # lane key folder executable
   local lane=$1 key=$2 folder=$3 executable=$4 status=0 start=$SECONDS
   local output=$work/output.$BASHPID limit=${LIMITS[$key]:-$LIMIT}
-  local env=(CARGO_MANIFEST_DIR="$CAIRN_ROOT/$folder" CAIRN_TEST_LANE="$lane" CAIRN_TEST_LANES=2)
+  local env=(CARGO_MANIFEST_DIR="$CAIRN_ROOT/$folder" CAIRN_TEST_LANE="$lane" CAIRN_TEST_LANES=3)
   [[ $tier == cluster ]] || env+=(CAIRN_CLUSTER_STATE=/nonexistent/no-cluster-in-the-unit-tier)
   run() { # extra-args...
     (cd "$CAIRN_ROOT/$folder" &&
@@ -202,7 +202,9 @@ else
   first=$!
   { run_queue 1 "$work/cluster-wide"; run_queue 1 "$work/namespaced"; } &
   second=$!
-  wait "$first" "$second"
+  run_queue 2 "$work/namespaced" &
+  third=$!
+  wait "$first" "$second" "$third"
   run_queue 0 "$work/alone"
 fi
 

@@ -41,14 +41,14 @@ cd "$CAIRN_ROOT"
 BUDGET_WARM=1200
 BUDGET_COLD=3600
 declare -A SHARE_WARM=(
-  [lint: rust]=90 [build tests]=240 [unit tier]=60 [doc tests]=60 [lint: charts, workflows, deny]=45
-  [wait: tools]=30 [wait: packages and bases]=30 [wait: moto virtualenv]=10
-  [images]=60 [local cluster up]=60 [chart dependencies]=15 [cluster tier]=720 [local cluster down]=45
+  [lint: rust]=120 [build tests]=220 [unit tier]=30 [doc tests]=45 [lint: charts, workflows, deny]=30
+  [wait: tools]=10 [wait: packages and bases]=10 [wait: moto virtualenv]=5
+  [images]=30 [local cluster up]=45 [chart dependencies]=10 [cluster tier]=620 [local cluster down]=25
 )
 declare -A SHARE_COLD=(
-  [lint: rust]=420 [build tests]=600 [unit tier]=90 [doc tests]=120 [lint: charts, workflows, deny]=60
-  [wait: tools]=900 [wait: packages and bases]=60 [wait: moto virtualenv]=30
-  [images]=120 [local cluster up]=90 [chart dependencies]=30 [cluster tier]=780 [local cluster down]=45
+  [lint: rust]=480 [build tests]=700 [unit tier]=60 [doc tests]=90 [lint: charts, workflows, deny]=45
+  [wait: tools]=1000 [wait: packages and bases]=30 [wait: moto virtualenv]=15
+  [images]=60 [local cluster up]=60 [chart dependencies]=15 [cluster tier]=620 [local cluster down]=25
 )
 
 timings=()   # "name<TAB>seconds"
@@ -223,6 +223,18 @@ test_args=("$@")
 build_tests() {
   cargo test --locked --no-run --message-format=json-render-diagnostics "${test_args[@]}" >"$ARTIFACTS"
   "$CAIRN_ROOT/hack/prune-target.sh" "$ARTIFACTS"
+  # The plugin as this build made it, for e2e/tests/kubectl_plugin.rs.
+  CAIRN_KUBECTL_CAIRN=$(python3 -c '
+import json, sys
+for line in open(sys.argv[1]):
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and not m["profile"]["test"] and m["target"]["name"] == "kubectl-cairn":
+        print(m["executable"])
+' "$ARTIFACTS")
+  if [[ -n $CAIRN_KUBECTL_CAIRN ]]; then export CAIRN_KUBECTL_CAIRN; else unset CAIRN_KUBECTL_CAIRN; fi
 }
 await_tools() { await tools; BIN=$(cat "$PREP/tools.out"); }
 

@@ -48,6 +48,15 @@ fn plugin_dir() -> Result<PathBuf> {
     let target_dir = profile_dir
         .parent()
         .ok_or_else(|| setup("no target folder"))?;
+    let dir = std::env::temp_dir().join(format!("kubectl-cairn-e2e-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(setup)?;
+    // The test command's build made it already (cli/tests gives the
+    // package a binary to build): building it here again would resolve
+    // the workspace's features anew and compile dozens of crates.
+    if let Some(built) = std::env::var_os("CAIRN_KUBECTL_CAIRN") {
+        std::fs::copy(&built, dir.join("kubectl-cairn")).map_err(setup)?;
+        return Ok(dir);
+    }
     let started = Instant::now();
     let output = Command::new(env!("CARGO"))
         .current_dir(repo_root())
@@ -65,8 +74,6 @@ fn plugin_dir() -> Result<PathBuf> {
         "kubectl-cairn built in {:.1} s",
         started.elapsed().as_secs_f64()
     );
-    let dir = std::env::temp_dir().join(format!("kubectl-cairn-e2e-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(setup)?;
     std::fs::copy(profile_dir.join("kubectl-cairn"), dir.join("kubectl-cairn")).map_err(setup)?;
     Ok(dir)
 }
