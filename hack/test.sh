@@ -3,7 +3,8 @@
 #
 #   preparation, in the background from the start (niced, so the tiers in the
 #   foreground keep the cores): the pinned control plane and tools
-#   (hack/build-tools.sh), cargo-deny, Debian's PostgreSQL server and the
+#   (hack/build-tools.sh), cargo-deny (once tier 1's cargo runs are done:
+#   it takes cargo's package cache lock), Debian's PostgreSQL server and the
 #   real nodes' packages, the images' Debian bases, moto's virtualenv;
 #
 #   tier 1, no cluster (fails fast, before anything is built for the cluster):
@@ -42,12 +43,12 @@ BUDGET_WARM=1200
 BUDGET_COLD=3600
 declare -A SHARE_WARM=(
   [lint: rust]=120 [build tests]=220 [unit tier]=30 [doc tests]=45 [lint: charts, workflows, deny]=30
-  [wait: tools]=10 [wait: packages and bases]=10 [wait: moto virtualenv]=5
-  [images]=30 [local cluster up]=45 [chart dependencies]=10 [cluster tier]=620 [local cluster down]=25
+  [wait: tools]=10 [wait: cargo-deny]=5 [wait: packages and bases]=10 [wait: moto virtualenv]=5
+  [images]=30 [local cluster up]=45 [chart dependencies]=10 [cluster tier]=615 [local cluster down]=25
 )
 declare -A SHARE_COLD=(
   [lint: rust]=480 [build tests]=700 [unit tier]=60 [doc tests]=90 [lint: charts, workflows, deny]=45
-  [wait: tools]=1000 [wait: packages and bases]=30 [wait: moto virtualenv]=15
+  [wait: tools]=1000 [wait: cargo-deny]=60 [wait: packages and bases]=30 [wait: moto virtualenv]=15
   [images]=60 [local cluster up]=60 [chart dependencies]=15 [cluster tier]=620 [local cluster down]=25
 )
 
@@ -208,7 +209,6 @@ report() {
 
 # Preparation in the background. apt is one at a time: the packages in one job.
 background tools "$CAIRN_ROOT/hack/build-tools.sh"
-background cargo-deny "$CAIRN_ROOT/hack/cargo-deny.sh"
 background moto "$CAIRN_ROOT/hack/moto-venv.sh"
 packages_and_bases() {
   "$CAIRN_ROOT/hack/postgres.sh"
@@ -245,8 +245,11 @@ if ((!$#)); then
   step "unit tier" "$CAIRN_ROOT/hack/run-tests.sh" unit "$ARTIFACTS"
   step "doc tests" cargo test --locked --workspace --doc --quiet
 fi
+# cargo-deny's build only now: `cargo install` holds cargo's package cache
+# lock, and on a new machine it held clippy back for minutes.
+background cargo-deny "$CAIRN_ROOT/hack/cargo-deny.sh"
 step "wait: tools" await_tools
-await cargo-deny
+step "wait: cargo-deny" await cargo-deny
 if [[ "${CAIRN_SKIP_LINT:-}" != 1 ]]; then step "lint: charts, workflows, deny" lint_rest; fi
 
 log "tier 2: the cluster"
