@@ -211,23 +211,7 @@ release_binaries() {
 debug_binaries() {
   local binary executables=()
   if [[ -n ${CAIRN_IMAGE_ARTIFACTS:-} ]]; then
-    mapfile -t executables < <(python3 - "$CAIRN_IMAGE_ARTIFACTS" "${RELEASE_BINARIES[@]}" <<'PY'
-import json, sys
-wanted, found = sys.argv[2:], {}
-for line in open(sys.argv[1]):
-    try:
-        m = json.loads(line)
-    except ValueError:
-        continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and not m["profile"]["test"] \
-            and "bin" in m["target"]["kind"] and m["target"]["name"] in wanted:
-        found[m["target"]["name"]] = m["executable"]
-missing = [w for w in wanted if w not in found]
-if missing:
-    sys.exit(f"the test build made no executable for {missing}")
-print("\n".join(found[w] for w in wanted))
-PY
-)
+    mapfile -t executables < <("$CAIRN_ROOT/hack/bin-executables.py" "$CAIRN_IMAGE_ARTIFACTS" "${RELEASE_BINARIES[@]}")
   else
     cargo build --locked --quiet "${RELEASE_BINARIES[@]/#/--package=}"
     for binary in "${RELEASE_BINARIES[@]}"; do executables+=("$CARGO_TARGET_DIR/debug/$binary"); done

@@ -224,16 +224,7 @@ build_tests() {
   cargo test --locked --no-run --message-format=json-render-diagnostics "${test_args[@]}" >"$ARTIFACTS"
   "$CAIRN_ROOT/hack/prune-target.sh" "$ARTIFACTS"
   # The plugin as this build made it, for e2e/tests/kubectl_plugin.rs.
-  CAIRN_KUBECTL_CAIRN=$(python3 -c '
-import json, sys
-for line in open(sys.argv[1]):
-    try:
-        m = json.loads(line)
-    except ValueError:
-        continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and not m["profile"]["test"] and m["target"]["name"] == "kubectl-cairn":
-        print(m["executable"])
-' "$ARTIFACTS")
+  CAIRN_KUBECTL_CAIRN=$("$CAIRN_ROOT/hack/bin-executables.py" "$ARTIFACTS" kubectl-cairn 2>/dev/null || true)
   if [[ -n $CAIRN_KUBECTL_CAIRN ]]; then export CAIRN_KUBECTL_CAIRN; else unset CAIRN_KUBECTL_CAIRN; fi
 }
 await_tools() { await tools; BIN=$(cat "$PREP/tools.out"); }
