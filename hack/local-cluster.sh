@@ -515,7 +515,13 @@ case "$cmd" in
   import-images)
     shift 2
     running || die "no running local cluster in $STATE"
-    for ((node = 1; node <= $(state_value CAIRN_REAL_NODES); node++)); do import_images "$node" "$@"; done ;;
+    # Every node at once: each has its own containerd.
+    importing=()
+    for ((node = 1; node <= $(state_value CAIRN_REAL_NODES); node++)); do
+      import_images "$node" "$@" &
+      importing+=($!)
+    done
+    for pid in "${importing[@]}"; do wait "$pid" || die "importing the images into a real node failed"; done ;;
   stop-node) freeze_node "${3:?node number}" ;;
   start-node) thaw_node "${3:?node number}" ;;
   kill-container) shift 2; BIN=$(state_value CAIRN_BIN); kill_container "$@" ;;

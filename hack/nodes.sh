@@ -247,6 +247,10 @@ evictionHard: {memory.available: 100Mi, nodefs.available: 1%, imagefs.available:
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 nodeStatusReportFrequency: 10s
+# How often each pod is synced, and so how soon a changed Secret or
+# ConfigMap reaches its volumes (a rotated server certificate, a refreshed
+# credential): 1 minute by default, plus jitter; 10 s for the tests here.
+syncFrequency: 10s
 shutdownGracePeriod: 0s
 YAML
 }

@@ -8,20 +8,24 @@
 #   hack/run-tests.sh cluster ARTIFACTS   tier 2, against the running test
 #       cluster, in three lanes side by side, then the binaries that need the
 #       cluster to themselves:
-#     - CLUSTER_WIDE, one at a time in the second lane: they install the
-#       charts cluster-wide (two Helm releases race on the CRDs' ownership)
-#       or stop and freeze the real nodes;
-#     - NAMESPACED: the first and third lanes take them from a shared queue
-#       at once, the second once its cluster-wide binaries are done. They use only their
-#       own namespaces, kwok nodes and local processes;
-#     - ALONE, after both lanes: binaries that stop the API server, repoint a
+#     - NODE_STOPPING, one at a time, first, in the second lane: they stop or
+#       freeze a real node, which would stall any other binary's pods there;
+#     - CRD_OWNERS, one at a time, next, in the second lane: a chart installs
+#       its CRDs and the conversion webhook behind its Service, which two
+#       releases would take from each other;
+#     - REAL_NODES: on the real nodes too, their charts on the shared CRDs
+#       (`crds.install=false`); any lane takes them, first, once no
+#       NODE_STOPPING binary can run any more;
+#     - NAMESPACED: any lane, when it has no REAL_NODES binary to take. They
+#       use only their own namespaces, kwok nodes and local processes;
+#     - ALONE, after the lanes: binaries that stop the API server, repoint a
 #       CRD's conversion webhook or pause kube-controller-manager; and any
 #       binary in no list (a new one runs alone until it is classified, with
 #       a warning that says so).
 #
 # Most of a binary's time is waiting (pods, deadlines), so three lanes share
-# the two cores well. The queues start with the binaries that took longest in the
-# last run (times kept in the cache), so short ones fill the end.
+# the two cores well. The queues start with the binaries that took longest in
+# the last run (times kept in the cache), so short ones fill the end.
 #
 # Each binary has a time limit (LIMIT, or LIMITS for the ones named there):
 # past it, it is stopped (SIGTERM, SIGKILL 30 s later) and fails. A binary that
@@ -52,10 +56,11 @@ NAMESPACED=(
   shared/runtime/apply_writes shared/runtime/finalizers shared/runtime/leader_election
   shared/storage/base_backups shared/storage/wal_archive
 )
-CLUSTER_WIDE=(
-  e2e/real_nodes e2e/failover e2e/synchronous e2e/stateful_set e2e/backups
-  e2e/dashboards e2e/kubectl_plugin e2e/service_account e2e/wal_archive
-  e2e/charts e2e/cloud_chart e2e/backup_chart e2e/host_network
+NODE_STOPPING=(e2e/failover e2e/synchronous e2e/stateful_set)
+CRD_OWNERS=(e2e/real_nodes e2e/charts)
+REAL_NODES=(
+  e2e/backups e2e/dashboards e2e/kubectl_plugin e2e/service_account e2e/wal_archive
+  e2e/cloud_chart e2e/backup_chart e2e/host_network
 )
 ALONE=(
   e2e/conversion_webhook e2e/webhook_self_managed e2e/webhook_rotation
@@ -94,15 +99,15 @@ listed() { # key list...
   for entry in "$@"; do [[ $entry == "$key" ]] && return 0; done
   return 1
 }
-: >"$work/unit"
-: >"$work/namespaced"
-: >"$work/cluster-wide"
-: >"$work/alone"
+QUEUES=(unit node-stopping crd-owners real-nodes namespaced)
+for queue in "${QUEUES[@]}" alone; do : >"$work/$queue"; done
 unclassified=()
 while IFS=$'\t' read -r key folder executable; do
   line=$(printf '%s\t%s\t%s' "$key" "$folder" "$executable")
   if [[ $key == *" (unit)" ]] || listed "$key" "${NO_CLUSTER[@]}"; then echo "$line" >>"$work/unit"
-  elif listed "$key" "${CLUSTER_WIDE[@]}"; then echo "$line" >>"$work/cluster-wide"
+  elif listed "$key" "${NODE_STOPPING[@]}"; then echo "$line" >>"$work/node-stopping"
+  elif listed "$key" "${CRD_OWNERS[@]}"; then echo "$line" >>"$work/crd-owners"
+  elif listed "$key" "${REAL_NODES[@]}"; then echo "$line" >>"$work/real-nodes"
   elif listed "$key" "${NAMESPACED[@]}"; then echo "$line" >>"$work/namespaced"
   elif ! listed "$key" "${ALONE[@]}"; then unclassified+=("$line")
   fi
@@ -122,7 +127,7 @@ longest_first() { # queue-file
     sort -t$'\t' -k1,1nr -s | cut -f2- >"$1.sorted" && mv "$1.sorted" "$1" || true
 }
 if [[ -s $HISTORY ]]; then
-  for queue in unit namespaced cluster-wide; do longest_first "$work/$queue"; done
+  for queue in "${QUEUES[@]}"; do longest_first "$work/$queue"; done
 fi
 
 # The names of the tests libtest reported failed in OUTPUT, one per line.
@@ -186,6 +191,24 @@ run_queue() { # lane queue-file
   done
 }
 
+# A lane of the cluster tier: a REAL_NODES binary once the nodes stay up
+# (the marker NODES_STEADY exists), else a NAMESPACED one; with only
+# REAL_NODES binaries left before the marker, it waits for the marker.
+NODES_STEADY=$work/nodes-steady
+run_lane() { # lane
+  local line key folder executable
+  while :; do
+    if [[ -e $NODES_STEADY ]] && line=$(take "$work/real-nodes"); then :
+    elif line=$(take "$work/namespaced"); then :
+    elif [[ ! -e $NODES_STEADY && -s $work/real-nodes ]]; then sleep 1 && continue
+    elif line=$(take "$work/real-nodes"); then :
+    else return 0
+    fi
+    IFS=$'\t' read -r key folder executable <<<"$line"
+    run_binary "$1" "$key" "$folder" "$executable"
+  done
+}
+
 : >"$work/times"
 : >"$work/results"
 if [[ $tier == unit ]]; then
@@ -198,11 +221,11 @@ else
   for line in "${unclassified[@]}"; do
     log "warning: ${line%%$'\t'*} is in no list of hack/run-tests.sh: it runs alone, after the lanes"
   done
-  run_queue 0 "$work/namespaced" &
+  run_lane 0 &
   first=$!
-  { run_queue 1 "$work/cluster-wide"; run_queue 1 "$work/namespaced"; } &
+  { run_queue 1 "$work/node-stopping"; touch "$NODES_STEADY"; run_queue 1 "$work/crd-owners"; run_lane 1; } &
   second=$!
-  run_queue 2 "$work/namespaced" &
+  run_lane 2 &
   third=$!
   wait "$first" "$second" "$third"
   run_queue 0 "$work/alone"

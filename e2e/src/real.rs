@@ -120,14 +120,19 @@ pub async fn enforce_restricted_pod_security(ns: &TestNamespace) -> Result {
 }
 
 /// A namespace on the real nodes under the restricted Pod Security level,
-/// with the database controller installed by its chart: where each
-/// real-node test of a DatabaseCluster starts.
+/// with the database controller installed by its chart on the shared CRDs
+/// (see [`Crds`]): where each real-node test of a DatabaseCluster starts.
 pub async fn namespace_with_controller(prefix: &str) -> Result<TestNamespace> {
+    namespace_with_controller_on(prefix, Crds::Shared).await
+}
+
+/// [`namespace_with_controller`], the CRDs installed as `crds` says.
+pub async fn namespace_with_controller_on(prefix: &str, crds: Crds) -> Result<TestNamespace> {
     let ns = cairn_testing::cluster()
         .namespace_on_real_nodes(prefix)
         .await?;
     enforce_restricted_pod_security(&ns).await?;
-    install_controller(&ns).await?;
+    install_chart_on(&ns, CHART, crds).await?;
     Ok(ns)
 }
 
@@ -136,19 +141,42 @@ pub async fn install_controller(ns: &TestNamespace) -> Result {
     install_chart(ns, CHART).await
 }
 
-/// `helm install` of the controller `chart`, watching this namespace, its
-/// images never pulled; returns once both replicas are available. The
-/// release is named `<namespace>-<chart>`: its ClusterRole is
-/// cluster-scoped, and a namespace may hold several controllers' releases.
+/// Who installs a chart's CRDs for a test's release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Crds {
+    /// The test bed: the CRDs as every test binary installs them (left as
+    /// they are when they serve that already), and the release with
+    /// `crds.install=false`, as a second release of a chart is installed.
+    /// Releases of this kind share the cluster with each other: each
+    /// installing the CRDs would take them, and the conversion webhook,
+    /// from the one before.
+    Shared,
+    /// The release itself, with the conversion webhook behind its Service:
+    /// for the tests of what the chart does with its CRDs, which
+    /// hack/run-tests.sh runs one at a time.
+    FromChart,
+}
+
+/// `helm install` of the controller `chart` on the shared CRDs: see
+/// [`install_chart_on`].
 pub async fn install_chart(ns: &TestNamespace, chart: &str) -> Result {
+    install_chart_on(ns, chart, Crds::Shared).await
+}
+
+/// `helm install` of the controller `chart`, watching this namespace, its
+/// images never pulled, its CRDs installed as `crds` says; returns once both
+/// replicas are available. The release is named `<namespace>-<chart>`: its
+/// ClusterRole is cluster-scoped, and a namespace may hold several
+/// controllers' releases.
+pub async fn install_chart_on(ns: &TestNamespace, chart: &str, crds: Crds) -> Result {
     let watch = format!("watchNamespace={}", ns.name);
+    let mut args = vec!["--set", &watch, "--set", "image.pullPolicy=Never"];
+    if crds == Crds::Shared {
+        cairn_testing::crds::install(&ns.client, &cairn_api::crds::for_chart(chart)).await?;
+        args.extend(["--set", "crds.install=false"]);
+    }
     cluster()
-        .helm_install(
-            chart,
-            &format!("{}-{chart}", ns.name),
-            &ns.name,
-            &["--set", &watch, "--set", "image.pullPolicy=Never"],
-        )
+        .helm_install(chart, &format!("{}-{chart}", ns.name), &ns.name, &args)
         .await?;
     wait::for_object(
         &ns.api::<Deployment>(),

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cairn_api::database::v1::DatabaseCluster;
-use cairn_e2e::real::{CHART, READY_TIMEOUT, cluster_spec, namespace_with_controller};
+use cairn_e2e::real::{CHART, Crds, READY_TIMEOUT, cluster_spec, namespace_with_controller_on};
 use cairn_testing::{Error, TestNamespace, cluster, wait};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::Api;
@@ -28,7 +28,8 @@ const CLUSTER: &str = "orders";
 
 #[tokio::test]
 async fn postgresql_and_the_controller_run_in_real_pods() -> Result {
-    let ns = namespace_with_controller("real").await?;
+    // The conversion webhook behind this release's Service is under test.
+    let ns = namespace_with_controller_on("real", Crds::FromChart).await?;
     cairn_e2e::real::controller_serves_metrics_from_its_pods(&ns, CHART).await?;
 
     let started = Instant::now();

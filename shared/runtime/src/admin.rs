@@ -189,10 +189,33 @@ async fn render_metrics(State(state): State<AdminState>) -> impl IntoResponse {
     metrics_text(state.metrics.render())
 }
 
-/// A blocking `GET url` (plain `http://host:port/path`, HTTP/1.0) that
-/// succeeds on status 200: the `--probe` mode of the controller binaries,
-/// run by the charts' `helm test` pod, before any runtime is started.
-pub fn probe(url: &str, timeout: Duration) -> Result<(), String> {
+/// Blocking `GET url`s (plain `http://host:port/path`, HTTP/1.0) until one
+/// answers 200, a second apart, for at most `deadline`: the `--probe` mode of
+/// the controller binaries, run by the charts' `helm test` pod, before any
+/// runtime is started. Tried again because a `helm test` right after an
+/// install can come before kube-proxy has the Service's new endpoints (it
+/// refuses connections to a Service it knows no ready endpoint of). Returns
+/// the last attempt's error.
+pub fn probe(url: &str, deadline: Duration) -> Result<(), String> {
+    let started = std::time::Instant::now();
+    loop {
+        let left = deadline.saturating_sub(started.elapsed());
+        match probe_once(url, left.max(Duration::from_millis(100))) {
+            Ok(()) => return Ok(()),
+            Err(e) if started.elapsed() + PROBE_PAUSE >= deadline => return Err(e),
+            Err(e) => {
+                eprintln!("{url}: {e}; trying again");
+                std::thread::sleep(PROBE_PAUSE);
+            }
+        }
+    }
+}
+
+/// The pause between two attempts of [`probe`].
+const PROBE_PAUSE: Duration = Duration::from_secs(1);
+
+/// One attempt of [`probe`], each step within `timeout`.
+fn probe_once(url: &str, timeout: Duration) -> Result<(), String> {
     use std::io::{Read, Write};
     use std::net::{TcpStream, ToSocketAddrs};
 
@@ -328,7 +351,9 @@ mod tests {
         assert!(body.contains("# TYPE cairn_leader gauge"), "{body}");
     }
 
-    /// `--probe` against the real server: refused until the caches sync.
+    /// `--probe` against the real server: refused until the caches sync,
+    /// the last answer in the error; passes once they do within its
+    /// deadline.
     #[tokio::test(flavor = "multi_thread")]
     async fn probe_passes_only_when_ready() {
         let (health, router) = fixture(Duration::from_secs(60));
@@ -337,17 +362,23 @@ mod tests {
             .expect("bind");
         let url = format!("http://{}/readyz", listener.local_addr().expect("bound"));
         tokio::spawn(serve(listener, router, std::future::pending()));
-        let probe_now =
-            |url: String| tokio::task::spawn_blocking(move || probe(&url, Duration::from_secs(5)));
-        let refused = probe_now(url.clone()).await.expect("joined");
+        let probe_within = |url: String, deadline: Duration| {
+            tokio::task::spawn_blocking(move || probe(&url, deadline))
+        };
+        let refused = probe_within(url.clone(), Duration::from_millis(1500))
+            .await
+            .expect("joined");
         assert!(
             refused
                 .as_ref()
                 .is_err_and(|e| e.contains("503") && e.contains("caches not synced")),
             "{refused:?}"
         );
+        // Ready two seconds into a probe of ten: it tries until then.
+        let waiting = probe_within(url, Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_secs(2)).await;
         health.set_ready(true);
-        assert_eq!(probe_now(url).await.expect("joined"), Ok(()));
+        assert_eq!(waiting.await.expect("joined"), Ok(()));
         assert!(probe("https://x/readyz", Duration::from_secs(1)).is_err());
         assert!(probe("http://127.0.0.1:1/readyz", Duration::from_secs(1)).is_err());
     }

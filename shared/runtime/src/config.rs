@@ -74,9 +74,10 @@ pub struct Config {
     /// OTLP endpoint for traces; tracing export is off if unset.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
-    /// Instead of running: GET this `http://host:port/path` and exit 0 if it
-    /// answers 200, 1 otherwise (the charts' `helm test` pod runs the
-    /// controller's own image this way, so it needs no image of its own).
+    /// Instead of running: GET this `http://host:port/path` until it answers
+    /// 200 (exit 0), for up to 30 s (then exit 1). The charts' `helm test`
+    /// pod runs the controller's own image this way, so it needs no image of
+    /// its own.
     #[arg(long, value_name = "URL")]
     pub probe: Option<String>,
 }
@@ -88,7 +89,7 @@ impl Config {
     pub fn load() -> Self {
         let config = Self::parse();
         if let Some(url) = &config.probe {
-            match crate::admin::probe(url, Duration::from_secs(10)) {
+            match crate::admin::probe(url, Duration::from_secs(30)) {
                 Ok(()) => {
                     println!("{url}: 200 OK");
                     std::process::exit(0);

@@ -172,13 +172,14 @@ impl LocalCluster {
     }
 
     /// `helm install RELEASE charts/CHART --namespace NAMESPACE --wait ARGS…`
-    /// with the pinned helm, as a user installs a controller. The chart's CRDs
-    /// may exist already (the tests install them): they are handed to the
-    /// release first, as Helm requires to adopt an object. A test running in
-    /// the other lane can create one between that and the install: before
-    /// Helm's conflict check, Helm refuses it and the install is retried once
-    /// it is adopted; after it, the create fails and the failed release is
-    /// uninstalled before the retry.
+    /// with the pinned helm, as a user installs a controller. Unless `args`
+    /// set `crds.install=false`, the chart's CRDs may exist already (the
+    /// tests install them): they are handed to the release first, as Helm
+    /// requires to adopt an object. A test running in another lane can
+    /// create one between that and the install: before Helm's conflict
+    /// check, Helm refuses it and the install is retried once it is adopted;
+    /// after it, the create fails and the failed release is uninstalled
+    /// before the retry.
     pub async fn helm_install(
         &self,
         chart: &str,
@@ -190,10 +191,15 @@ impl LocalCluster {
         let mut install = vec!["install", release, chart_path.as_str()];
         install.extend(["--namespace", namespace, "--wait", "--timeout", "3m"]);
         install.extend(args);
+        // A release with `crds.install=false` renders no CRD: the installed
+        // ones, and whichever release they belong to, stay as they are.
+        let installs_crds = !args.contains(&"crds.install=false");
         let mut attempts = 0;
         loop {
             attempts += 1;
-            self.hand_crds_to_release(chart, release, namespace).await?;
+            if installs_crds {
+                self.hand_crds_to_release(chart, release, namespace).await?;
+            }
             let failure = match self.helm(&install).await {
                 Ok(_) => return Ok(()),
                 Err(Error::Setup(failure)) if attempts < 3 => failure,
