@@ -8,8 +8,9 @@
 //! gone, and it never looks at the old one's pods again (found by the chaos
 //! run). Such a pod blocks its ordinal: the new StatefulSet cannot create a
 //! pod of that name, so the cluster never converges. Once the current
-//! StatefulSet is older than [`COLLECTOR_GRACE`], the controller deletes
-//! what the collector should have.
+//! StatefulSet is older than the collector's grace ([`COLLECTOR_GRACE`]
+//! unless `CAIRN_COLLECTOR_GRACE_SECONDS` says otherwise), the controller
+//! deletes what the collector should have.
 
 use std::time::Duration;
 
@@ -18,8 +19,9 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
-/// How long the garbage collector gets to delete a replaced StatefulSet's
-/// pods itself (it takes well under a second when its watches are up).
+/// How long the garbage collector gets, by default, to delete a replaced
+/// StatefulSet's pods itself (it takes well under a second when its watches
+/// are up).
 pub const COLLECTOR_GRACE: Duration = Duration::from_secs(60);
 
 /// A pod to delete: its name and uid (the precondition of the delete).
@@ -41,8 +43,14 @@ pub struct Leftovers {
 }
 
 /// The pods whose controller is a StatefulSet of the current one's name but
-/// another uid, and are not being deleted already.
-pub fn leftovers(stateful_set: &StatefulSet, pods: &[&Pod], now: &Time) -> Leftovers {
+/// another uid, and are not being deleted already: collected once the
+/// current one is `grace` old.
+pub fn leftovers(
+    stateful_set: &StatefulSet,
+    pods: &[&Pod],
+    now: &Time,
+    grace: Duration,
+) -> Leftovers {
     let (Some(name), Some(uid)) = (
         stateful_set.metadata.name.as_deref(),
         stateful_set.metadata.uid.as_deref(),
@@ -75,7 +83,7 @@ pub fn leftovers(stateful_set: &StatefulSet, pods: &[&Pod], now: &Time) -> Lefto
         .as_ref()
         .and_then(|created| now.0.duration_since(created.0).try_into().ok())
         .unwrap_or(Duration::ZERO);
-    match COLLECTOR_GRACE.checked_sub(age).filter(|d| !d.is_zero()) {
+    match grace.checked_sub(age).filter(|d| !d.is_zero()) {
         Some(remaining) => Leftovers {
             collect: Vec::new(),
             recheck: Some(remaining),
@@ -128,11 +136,21 @@ mod tests {
         let going = pod("db-2", "old", true);
         let pods = [&old, &current, &going];
 
-        let young = leftovers(&sts, &pods, &Time(created + SignedDuration::from_secs(20)));
+        let young = leftovers(
+            &sts,
+            &pods,
+            &Time(created + SignedDuration::from_secs(20)),
+            COLLECTOR_GRACE,
+        );
         assert_eq!(young.collect, Vec::new());
         assert_eq!(young.recheck, Some(Duration::from_secs(40)));
 
-        let old_enough = leftovers(&sts, &pods, &Time(created + SignedDuration::from_secs(61)));
+        let old_enough = leftovers(
+            &sts,
+            &pods,
+            &Time(created + SignedDuration::from_secs(61)),
+            COLLECTOR_GRACE,
+        );
         assert_eq!(
             old_enough.collect,
             vec![Leftover {
@@ -151,7 +169,12 @@ mod tests {
         let current = pod("db-0", "new", false);
         let mut unowned = pod("db-1", "new", false);
         unowned.metadata.owner_references = None;
-        let found = leftovers(&sts, &[&current, &unowned], &Time(Timestamp::now()));
+        let found = leftovers(
+            &sts,
+            &[&current, &unowned],
+            &Time(Timestamp::now()),
+            COLLECTOR_GRACE,
+        );
         assert_eq!(found, Leftovers::default());
     }
 }

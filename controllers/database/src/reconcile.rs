@@ -64,6 +64,9 @@ pub struct Context {
     pub decisions: Decisions,
     /// Every apply and status write, remembered against a lagging cache.
     pub applier: Applier,
+    /// How old a replaced StatefulSet's successor must be before its
+    /// leftover pods are deleted (see `leftovers.rs`).
+    pub collector_grace: Duration,
 }
 
 impl Context {
@@ -81,7 +84,15 @@ impl Context {
             not_serving_since: Mutex::default(),
             decisions: Decisions::default(),
             applier: Applier::default(),
+            collector_grace: leftovers::COLLECTOR_GRACE,
         }
+    }
+
+    /// The same, giving the garbage collector `grace` instead of
+    /// [`leftovers::COLLECTOR_GRACE`].
+    pub fn with_collector_grace(mut self, grace: Duration) -> Self {
+        self.collector_grace = grace;
+        self
     }
 
     /// Every `period`: the per-cluster gauges refreshed from the cache, and
@@ -351,13 +362,13 @@ async fn collect_leftovers(
     now: &Time,
 ) -> Result<Option<Duration>, Error> {
     let pods: Vec<&Pod> = pods.iter().map(AsRef::as_ref).collect();
-    let found = leftovers::leftovers(stateful_set, &pods, now);
+    let found = leftovers::leftovers(stateful_set, &pods, now, ctx.collector_grace);
     for pod in found.collect {
         let message = format!(
             "deleted pod {} of the replaced StatefulSet {} (the garbage collector left it for over {} s): the current StatefulSet recreates it",
             pod.pod,
             pod.owner_uid,
-            leftovers::COLLECTOR_GRACE.as_secs()
+            ctx.collector_grace.as_secs()
         );
         let why = Deletion::warning("LeftoverPodDeleted", message);
         delete_pod(ctx, cluster, &pod.pod, Some(pod.uid.clone()), why).await?;

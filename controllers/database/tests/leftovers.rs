@@ -3,7 +3,10 @@
 //! the chaos run its watch was down across the delete and the re-create),
 //! the old StatefulSet's pod stays, and the new StatefulSet can never create
 //! a pod of that name. The controller, as a process with its chart's RBAC,
-//! deletes such a pod itself once the new StatefulSet is 60 s old.
+//! deletes such a pod itself once the new StatefulSet is as old as the
+//! collector's grace: 60 s by default, 15 s here
+//! (`CAIRN_COLLECTOR_GRACE_SECONDS`); the unit tests of `leftovers.rs`
+//! cover the default's decision.
 //!
 //! Its own test binary: freezing kube-controller-manager would stall every
 //! other test running beside it.
@@ -20,15 +23,21 @@ use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
 use kube::api::{DeleteParams, ListParams};
 
-/// `leftovers::COLLECTOR_GRACE`: how long the collector is given.
-const COLLECTOR_GRACE: Duration = Duration::from_secs(60);
+/// How long the collector is given: the process's
+/// `CAIRN_COLLECTOR_GRACE_SECONDS`.
+const COLLECTOR_GRACE: Duration = Duration::from_secs(15);
 
 #[tokio::test]
 async fn a_pod_left_by_a_replaced_stateful_set_is_deleted_after_the_collectors_grace()
 -> Result<(), Error> {
     let namespace = support::namespace("leftover").await?;
     let account = support::install_rbac(&namespace, "leftover").await?;
-    let _process = support::start(&namespace, "leftover", &account, &[])?;
+    let _process = support::start(
+        &namespace,
+        "leftover",
+        &account,
+        &[("CAIRN_COLLECTOR_GRACE_SECONDS", "15")],
+    )?;
     let clusters = namespace.api::<DatabaseCluster>();
     support::create(&clusters, &support::database_cluster("orders", 1)).await?;
     support::until_condition(
