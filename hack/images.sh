@@ -211,7 +211,7 @@ release_binaries() {
 debug_binaries() {
   local binary executables=()
   if [[ -n ${CAIRN_IMAGE_ARTIFACTS:-} ]]; then
-    mapfile -t executables < <("$CAIRN_ROOT/hack/bin-executables.py" "$CAIRN_IMAGE_ARTIFACTS" "${RELEASE_BINARIES[@]}")
+    mapfile -t executables < <("$CAIRN_ROOT/hack/artifacts.py" bins "$CAIRN_IMAGE_ARTIFACTS" "${RELEASE_BINARIES[@]}")
   else
     cargo build --locked --quiet "${RELEASE_BINARIES[@]/#/--package=}"
     for binary in "${RELEASE_BINARIES[@]}"; do executables+=("$CARGO_TARGET_DIR/debug/$binary"); done

@@ -9,18 +9,13 @@
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
-python3 - "$1" <<'PY'
-import json, os, re, sys
+"$CAIRN_ROOT/hack/artifacts.py" tests "$1" | cut -f3 | python3 -c '
+import os, re, sys
 current, folders = set(), set()
-for line in open(sys.argv[1]):
-    try:
-        message = json.loads(line)
-    except ValueError:
-        continue
-    executable = message.get("executable") if message.get("reason") == "compiler-artifact" else None
-    if executable and message["profile"]["test"]:
-        current.add(os.path.realpath(executable))
-        folders.add(os.path.dirname(executable))
+for line in sys.stdin:
+    executable = line.rstrip("\n")
+    current.add(os.path.realpath(executable))
+    folders.add(os.path.dirname(executable))
 names = {re.sub(r"-[0-9a-f]{16}$", "", os.path.basename(p)) for p in current}
 freed = removed = 0
 for folder in folders:
@@ -37,4 +32,4 @@ for folder in folders:
         os.remove(entry.path)
 if removed:
     print(f"[cairn] pruned {removed} files of older test builds ({freed / 2**30:.1f} GiB)", file=sys.stderr)
-PY
+'

@@ -76,23 +76,7 @@ work=$(mktemp -d -t cairn-lanes.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
 # One line per test binary: its key, package folder and executable.
-python3 - "$artifacts" "$CAIRN_ROOT" >"$work/binaries" <<'PY'
-import json, os, sys
-artifacts, root = sys.argv[1], sys.argv[2]
-for line in open(artifacts):
-    try:
-        message = json.loads(line)
-    except ValueError:
-        continue
-    if message.get("reason") != "compiler-artifact" or not message.get("executable"):
-        continue
-    if not message["profile"]["test"]:
-        continue
-    folder = os.path.relpath(os.path.dirname(message["manifest_path"]), root)
-    target = message["target"]
-    name = target["name"] if "test" in target["kind"] else f"{target['name']} (unit)"
-    print(f"{folder}/{name}\t{folder}\t{message['executable']}")
-PY
+"$CAIRN_ROOT/hack/artifacts.py" tests "$artifacts" >"$work/binaries"
 
 listed() { # key list...
   local key=$1 entry; shift

@@ -224,7 +224,7 @@ build_tests() {
   cargo test --locked --no-run --message-format=json-render-diagnostics "${test_args[@]}" >"$ARTIFACTS"
   "$CAIRN_ROOT/hack/prune-target.sh" "$ARTIFACTS"
   # The plugin as this build made it, for e2e/tests/kubectl_plugin.rs.
-  CAIRN_KUBECTL_CAIRN=$("$CAIRN_ROOT/hack/bin-executables.py" "$ARTIFACTS" kubectl-cairn 2>/dev/null || true)
+  CAIRN_KUBECTL_CAIRN=$("$CAIRN_ROOT/hack/artifacts.py" bins "$ARTIFACTS" kubectl-cairn 2>/dev/null || true)
   if [[ -n $CAIRN_KUBECTL_CAIRN ]]; then export CAIRN_KUBECTL_CAIRN; else unset CAIRN_KUBECTL_CAIRN; fi
 }
 await_tools() { await tools; BIN=$(cat "$PREP/tools.out"); }
