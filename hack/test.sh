@@ -42,14 +42,14 @@ cd "$CAIRN_ROOT"
 BUDGET_WARM=1200
 BUDGET_COLD=3600
 declare -A SHARE_WARM=(
-  [lint: rust]=120 [build tests]=220 [unit tier]=30 [doc tests]=45 [lint: charts, workflows, deny]=30
+  [lint: rust]=60 [build tests]=90 [unit tier]=25 [doc tests]=25 [lint: charts, workflows, deny]=25
   [wait: tools]=10 [wait: cargo-deny]=5 [wait: packages and bases]=10 [wait: moto virtualenv]=5
-  [images]=30 [local cluster up]=45 [chart dependencies]=10 [cluster tier]=615 [local cluster down]=25
+  [images]=20 [local cluster up]=45 [chart dependencies]=10 [cluster tier]=840 [local cluster down]=30
 )
 declare -A SHARE_COLD=(
   [lint: rust]=480 [build tests]=700 [unit tier]=60 [doc tests]=90 [lint: charts, workflows, deny]=45
-  [wait: tools]=1000 [wait: cargo-deny]=60 [wait: packages and bases]=30 [wait: moto virtualenv]=15
-  [images]=60 [local cluster up]=60 [chart dependencies]=15 [cluster tier]=620 [local cluster down]=25
+  [wait: tools]=800 [wait: cargo-deny]=60 [wait: packages and bases]=30 [wait: moto virtualenv]=15
+  [images]=60 [local cluster up]=60 [chart dependencies]=15 [cluster tier]=1060 [local cluster down]=25
 )
 
 timings=()   # "name<TAB>seconds"

@@ -263,9 +263,53 @@ struct ConversionSpec {
     conversion: Option<CustomResourceConversion>,
 }
 
+/// What [`inject_ca_bundle`] does with one CRD.
+#[derive(Debug, PartialEq, Eq)]
+enum Injection {
+    /// Write the CA into its `caBundle`.
+    Write,
+    /// It holds the CA already.
+    Held,
+    /// It converts without a webhook: a CRD installed by other means (by
+    /// hand, by a GitOps tool, by a test bed) that does not ask for one.
+    NoWebhook,
+    /// It converts through another release's Service (this release has
+    /// `crds.install=false`), whose CA must stay.
+    OtherRelease(String),
+}
+
+fn injection(
+    conversion: Option<&CustomResourceConversion>,
+    ca: &str,
+    own_service: Option<&str>,
+) -> Injection {
+    let Some(webhook) = conversion
+        .filter(|c| c.strategy == "Webhook")
+        .and_then(|c| c.webhook.as_ref())
+    else {
+        return Injection::NoWebhook;
+    };
+    let client_config = webhook.client_config.as_ref();
+    let target = client_config
+        .and_then(|c| c.service.as_ref())
+        .map(|s| format!("{}.{}.svc", s.name, s.namespace));
+    if let (Some(own), Some(target)) = (own_service, target)
+        && own != target
+    {
+        return Injection::OtherRelease(target);
+    }
+    let current = client_config.and_then(|c| c.ca_bundle.as_ref());
+    if current.is_some_and(|bundle| bundle.0 == ca.as_bytes()) {
+        Injection::Held
+    } else {
+        Injection::Write
+    }
+}
+
 /// Writes `ca` into the conversion webhook `caBundle` of each CRD in
 /// `crd_names` that does not already hold it (no write when it does), unless
-/// the CRD converts through a Service other than `own_service`.
+/// the CRD converts without a webhook or through a Service other than
+/// `own_service`.
 pub async fn inject_ca_bundle(
     client: Client,
     crd_names: &[&str],
@@ -278,27 +322,20 @@ pub async fn inject_ca_bundle(
             .get(name, &GetParams::default())
             .map_err(kube::Error::BuildRequest)?;
         let crd: CrdConversion = client.request(get).await?;
-        let client_config = crd
-            .spec
-            .conversion
-            .as_ref()
-            .and_then(|c| c.webhook.as_ref())
-            .and_then(|w| w.client_config.as_ref());
-        let target = client_config
-            .and_then(|c| c.service.as_ref())
-            .map(|s| format!("{}.{}.svc", s.name, s.namespace));
-        if let (Some(own), Some(target)) = (own_service, &target)
-            && own != target
-        {
-            // Another release of the chart (crds.install=false) serves its
-            // own webhook; the CRD's conversion goes to the release that
-            // installed it, whose CA must stay.
-            tracing::info!(crd = name, %target, own, "the CRD converts through another release's webhook: its caBundle is left alone");
-            continue;
-        }
-        let current = client_config.and_then(|c| c.ca_bundle.as_ref());
-        if current.is_some_and(|bundle| bundle.0 == ca.as_bytes()) {
-            continue;
+        match injection(crd.spec.conversion.as_ref(), ca, own_service) {
+            Injection::Held => continue,
+            Injection::NoWebhook => {
+                tracing::info!(
+                    crd = name,
+                    "the CRD converts without a webhook: no caBundle to write"
+                );
+                continue;
+            }
+            Injection::OtherRelease(target) => {
+                tracing::info!(crd = name, %target, own = own_service, "the CRD converts through another release's webhook: its caBundle is left alone");
+                continue;
+            }
+            Injection::Write => {}
         }
         let patch = json!({ "spec": { "conversion": { "webhook": { "clientConfig": {
             "caBundle": ByteString(ca.as_bytes().to_vec())
@@ -314,6 +351,60 @@ pub async fn inject_ca_bundle(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn conversion(value: serde_json::Value) -> CustomResourceConversion {
+        serde_json::from_value(value).expect("a CRD conversion")
+    }
+
+    fn through_service(name: &str, ca_bundle: Option<&str>) -> CustomResourceConversion {
+        let mut client = json!({ "service": { "name": name, "namespace": "cairn-system" } });
+        if let Some(ca) = ca_bundle {
+            client["caBundle"] = json!(ByteString(ca.as_bytes().to_vec()));
+        }
+        conversion(json!({
+            "strategy": "Webhook",
+            "webhook": { "clientConfig": client, "conversionReviewVersions": ["v1"] },
+        }))
+    }
+
+    #[test]
+    fn only_a_webhook_of_this_release_without_the_ca_is_written() {
+        let own = Some("db-webhook.cairn-system.svc");
+        assert_eq!(
+            injection(Some(&through_service("db-webhook", None)), "CA", own),
+            Injection::Write
+        );
+        assert_eq!(
+            injection(Some(&through_service("db-webhook", Some("CA"))), "CA", own),
+            Injection::Held
+        );
+        assert_eq!(
+            injection(Some(&through_service("db-webhook", Some("OLD"))), "CA", own),
+            Injection::Write,
+            "a new CA replaces the old"
+        );
+        assert_eq!(
+            injection(Some(&through_service("other-webhook", None)), "CA", own),
+            Injection::OtherRelease("other-webhook.cairn-system.svc".into())
+        );
+        // Without a Service of its own to compare (a webhook by url), the
+        // CRD's webhook is this process's.
+        assert_eq!(
+            injection(Some(&through_service("other-webhook", None)), "CA", None),
+            Injection::Write
+        );
+    }
+
+    /// A CRD installed with no conversion webhook (strategy None, or no
+    /// conversion at all) gets none: the API server refuses a caBundle
+    /// there, and the controller must start anyway.
+    #[test]
+    fn a_crd_converting_without_a_webhook_is_left_alone() {
+        let own = Some("db-webhook.cairn-system.svc");
+        let none = conversion(json!({ "strategy": "None" }));
+        assert_eq!(injection(Some(&none), "CA", own), Injection::NoWebhook);
+        assert_eq!(injection(None, "CA", own), Injection::NoWebhook);
+    }
 
     #[test]
     fn generated_pairs_are_pem_and_distinct() {
