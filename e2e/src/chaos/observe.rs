@@ -260,9 +260,12 @@ impl Observer {
             .await?;
         // Both bound the idle minute's start; a Backup or a schedule that
         // never settles is a convergence failure, still followed by the
-        // audit's checks.
-        let settled = match until_backups_finished(real).await {
-            Ok(()) => until_schedule_settled(real).await,
+        // audit's checks. The schedule first: a reconcile that read it before
+        // the suspension can still create its slot's Backup, and only once it
+        // has seen the suspension will it create none; then every Backup
+        // (that one too) must be final.
+        let settled = match until_schedule_settled(real).await {
+            Ok(()) => until_backups_finished(real).await,
             Err(e) => Err(e),
         };
         tally.record(
