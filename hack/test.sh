@@ -94,6 +94,29 @@ stop_background() {
 lint_rust() {
   cargo fmt --all -- --check
   cargo clippy --workspace --all-targets --locked -- -D warnings
+  untested_doc_examples
+}
+
+# A crate with `doctest = false` (rustdoc took about 5 s a crate to find no
+# example) must have no Rust code block in its documentation (an opening
+# fence with no language, or rust, no_run, ignore, should_panic,
+# compile_fail): it would never be compiled.
+untested_doc_examples() {
+  local manifest found=0
+  for manifest in */Cargo.toml */*/Cargo.toml; do
+    grep -q '^doctest = false' "$manifest" || continue
+    find "$(dirname "$manifest")/src" -name '*.rs' -print0 | xargs -0 awk '
+      FNR == 1 { open = 0 }
+      /^[[:space:]]*\/\/[\/!][[:space:]]*```/ {
+        info = $0; sub(/^[[:space:]]*\/\/[\/!][[:space:]]*```/, "", info)
+        if (!open && (info ~ /^[[:space:]]*$/ || info ~ /rust|no_run|ignore|should_panic|compile_fail|edition/)) {
+          print FILENAME ":" FNR ": a doc example in a crate that sets doctest = false"; bad = 1
+        }
+        open = !open
+      }
+      END { exit bad }' || found=1
+  done
+  return "$found"
 }
 
 lint_rest() {

@@ -7,7 +7,7 @@ use cairn_e2e::chaos::{self, Settings};
 
 /// The suite's seed: one, whose minute includes an API server outage, a
 /// stopped node's worth of faults and about 20 actions; its convergence and
-/// the idle minute after it make up most of the run's 4 minutes, so each
+/// the idle window after it make up most of the run's 4 minutes, so each
 /// further seed would cost about 2 more. Other seeds and longer runs, which
 /// find the rare interleavings: `hack/chaos.sh --seed 1,2,42 --minutes 10`.
 const SEEDS: [u64; 1] = [1];

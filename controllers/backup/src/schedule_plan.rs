@@ -196,8 +196,8 @@ pub fn plan(
     let bucket = match storage.window {
         Ok(window) => {
             let window = window.unwrap_or_default();
-            status.first_recoverability_point = window.first.map(Time);
-            status.last_recoverability_point = window.last.map(Time);
+            status.first_recoverability_point = window.first.map(conditions::stored_time);
+            status.last_recoverability_point = window.last.map(conditions::stored_time);
             Ok(())
         }
         Err(why) => Err(why),
@@ -236,10 +236,17 @@ pub fn plan(
     // A running Backup's end changes the status, suspended or not, and
     // nothing watched announces it.
     let busy = (!status.active.is_empty() || verifying).then_some(WHILE_ACTIVE);
+    // Staleness comes with time alone: looked at again when it is due, not
+    // a resync (or, for a daily schedule, a day) later.
+    let until = |at: Timestamp| Duration::from_secs(at.duration_since(now).as_secs().max(1) as u64);
+    let going_stale = stale_at(timing, since_creation(schedule), newest_success, now)
+        .filter(|at| *at > now)
+        .map(until);
     let recheck = next
-        .map(|next| Duration::from_secs(next.duration_since(now).as_secs().max(1) as u64))
+        .map(until)
         .into_iter()
         .chain(busy)
+        .chain(going_stale)
         .min();
     Plan {
         create,
@@ -305,31 +312,46 @@ fn health(
     if let Err((reason, why)) = storage {
         return (false, reason, why);
     }
-    let interval = match (timing.latest(now), timing.next(now)) {
-        (Some(previous), Some(next)) => next.duration_since(previous),
-        _ => return (true, "NoSchedule", "the schedule has no slot".into()),
+    let Some(stale_at) = stale_at(timing, created, newest_success, now) else {
+        return (true, "NoSchedule", "the schedule has no slot".into());
     };
-    let stale_after = interval * 2;
-    match (newest_success, created) {
-        (Some(success), _) if now.duration_since(success) > stale_after => (
+    match newest_success {
+        Some(success) if now > stale_at => (
             false,
             "BackupsStale",
             format!(
                 "the newest successful Backup completed at {success}, more than two intervals ago"
             ),
         ),
-        (Some(success), _) => (
+        Some(success) => (
             true,
             "BackupsRecent",
             format!("the newest successful Backup completed at {success}"),
         ),
-        (None, Some(created)) if now.duration_since(created) > stale_after => (
+        None if created.is_some() && now > stale_at => (
             false,
             "NoSuccessfulBackup",
             "no Backup of this schedule completed in two intervals".into(),
         ),
-        (None, _) => (true, "BackupsRecent", "no slot has come yet".into()),
+        None => (true, "BackupsRecent", "no slot has come yet".into()),
     }
+}
+
+/// When the backups turn stale: two intervals of the schedule after the
+/// newest success (or, without one, the schedule's creation; `now` without
+/// either). `None` for a schedule without slots.
+fn stale_at(
+    timing: &Timing,
+    created: Option<Timestamp>,
+    newest_success: Option<Timestamp>,
+    now: Timestamp,
+) -> Option<Timestamp> {
+    let interval = timing.next(now)?.duration_since(timing.latest(now)?);
+    newest_success
+        .or(created)
+        .unwrap_or(now)
+        .checked_add(interval * 2)
+        .ok()
 }
 
 /// The Backup for `slot`: the template's spec, owned by the schedule (the
@@ -658,6 +680,14 @@ mod tests {
             healthy(&plan_at(&nightly, &[], "2026-11-26T12:00:00Z")),
             ("False".into(), "NoSuccessfulBackup".into())
         );
+        // Suspended, nothing running: no slot to wait for, and still looked
+        // at again when the newest success turns two intervals old (then
+        // only at the resync).
+        let suspended = schedule(json!({ "suspend": true }), json!({}));
+        let waiting = plan_at(&suspended, &recent, "2026-11-26T12:00:00Z");
+        assert_eq!(waiting.recheck, Some(Duration::from_secs(15 * 3600 + 600)));
+        let stale = plan_at(&suspended, &recent, "2026-11-27T04:00:00Z");
+        assert_eq!(stale.recheck, None);
         let timing = Timing::parse(&nightly).expect("timing");
         let archiving = Storage {
             archiving: Err(("WALArchivingFailing", "bucket unreachable".into())),
@@ -760,6 +790,34 @@ mod tests {
             kept.status.first_recoverability_point,
             status.first_recoverability_point
         );
+    }
+
+    #[test]
+    fn a_planned_status_is_what_the_api_server_stores_so_the_next_look_writes_nothing() {
+        // The bucket's times carry milliseconds; a Time is stored in whole
+        // seconds. Planned from its own stored copy, nothing changes (the
+        // day's slot taken already).
+        let nightly = schedule(
+            json!({}),
+            json!({ "lastScheduleTime": "2026-11-26T03:00:00Z" }),
+        );
+        let timing = Timing::parse(&nightly).expect("timing");
+        let storage = || Storage {
+            window: Ok(Some(Window {
+                first: Some(at("2026-11-20T02:05:00.250Z")),
+                last: Some(at("2026-11-26T11:59:41.731Z")),
+            })),
+            ..Storage::healthy()
+        };
+        let recent = [backup("b", "Completed", "2026-11-26T03:10:00Z")];
+        let now = at("2026-11-26T12:00:00.5Z");
+        let planned = plan(&nightly, &timing, &recent, storage(), now).status;
+        let stored: BackupScheduleStatus =
+            serde_json::from_value(serde_json::to_value(&planned).expect("json")).expect("status");
+        assert_eq!(stored, planned, "the status as stored");
+        let mut seen = nightly.clone();
+        seen.status = Some(stored.clone());
+        assert_eq!(plan(&seen, &timing, &recent, storage(), now).status, stored);
     }
 
     #[test]

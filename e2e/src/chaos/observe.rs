@@ -19,9 +19,12 @@ use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 
 use super::invariants::{self, Child, External, Grace, Invariant, SlotBackup, Tally};
-use super::workload::{REAL_CLUSTER, REAL_CLUSTER_RW, SCHEDULE, Workload};
+use super::workload::{
+    REAL_CLUSTER, REAL_CLUSTER_RW, RESYNC, SCHEDULE, SCHEDULE_INTERVAL, Workload,
+};
 use super::{CONVERGENCE_BOUND, Result};
 use crate::real::{as_superuser, rows_present, stop_writer, until_acknowledged_after, writes};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 /// How long garbage collection (or a finalizer's cleanup) may take before a
 /// child without a live owner counts: longer than an API server outage.
@@ -32,6 +35,9 @@ const SAMPLE_EVERY: Duration = Duration::from_secs(5);
 const WRITES_PER_MINUTE: usize = 40;
 /// A controller's resident memory after the churn, against before it.
 const MEMORY_FACTOR: f64 = 2.0;
+/// The idle window at the end: two resyncs and a margin, so that every
+/// object is reconciled at least twice in it.
+const IDLE_WINDOW: Duration = Duration::from_secs(2 * RESYNC.as_secs() + 5);
 
 pub struct Observer {
     audit: Tail,
@@ -190,9 +196,9 @@ impl Observer {
         Ok(())
     }
 
-    /// The end: no acknowledged row lost, memory back, and an idle minute
-    /// without a controller write (the writer and the schedule stopped, the
-    /// last Backup finished).
+    /// The end: no acknowledged row lost, memory back, and an idle window
+    /// of two resyncs in which every controller reconciles and none writes
+    /// (the writer and the schedule stopped, the last Backup finished).
     pub async fn finish(&mut self, workload: &Workload, tally: &mut Tally) -> Result {
         let real = &workload.real;
         stop_writer(real).await?;
@@ -258,16 +264,21 @@ impl Observer {
                 &Patch::Merge(serde_json::json!({ "spec": { "suspend": true } })),
             )
             .await?;
-        // Both bound the idle minute's start; a Backup or a schedule that
+        // These bound the idle window's start; a Backup or a schedule that
         // never settles is a convergence failure, still followed by the
         // audit's checks. The schedule first: a reconcile that read it before
         // the suspension can still create its slot's Backup, and only once it
         // has seen the suspension will it create none; then every Backup
-        // (that one too) must be final.
-        let settled = match until_schedule_settled(real).await {
-            Ok(()) => until_backups_finished(real).await,
-            Err(e) => Err(e),
-        };
+        // (that one too) must be final, and the schedule must have recorded
+        // the last one; then no change the clock alone makes (the backups
+        // turning stale) may be due within the window.
+        let settled = async {
+            until_schedule_settled(real).await?;
+            until_backups_finished(real).await?;
+            until_schedule_recorded_the_last_backup(real).await?;
+            until_no_staleness_due(real).await
+        }
+        .await;
         tally.record(
             Invariant::Converges,
             settled.err().map(|e| e.to_string()).into_iter().collect(),
@@ -288,8 +299,9 @@ impl Observer {
         // not this run's to judge.
         let namespaces = [workload.real.name.as_str(), workload.kwok.name.as_str()];
         let mut idle = Tail::from_now(&cluster().audit_log())?;
+        let reconciles_before = reconciles_of_every_leader(workload).await?;
         let unwanted = idle
-            .unwanted_within(Duration::from_secs(60), |w| {
+            .unwanted_within(IDLE_WINDOW, |w| {
                 users.contains(&w.user)
                     && w.namespace
                         .as_deref()
@@ -298,11 +310,32 @@ impl Observer {
                         && w.name.as_deref().is_some_and(|n| leases.contains(n)))
             })
             .await?;
+        let reconciles_after = reconciles_of_every_leader(workload).await?;
+        print_written_objects(&unwanted).await;
+        // A window without reconciles would show nothing: each controller's
+        // leader must have reconciled in it (its resync is RESYNC).
+        let unproven = reconciles_before.iter().filter_map(|(chart, before)| {
+            let after = reconciles_after.get(chart).copied().unwrap_or_default();
+            eprintln!(
+                "chaos: {chart}: {} reconciles in the idle window of {} s, {} in flight at its end",
+                after.done - before.done,
+                IDLE_WINDOW.as_secs(),
+                after.in_flight
+            );
+            (after.done <= before.done).then(|| {
+                format!(
+                    "{chart}: no reconcile in the idle window ({} before, {} after, {} in flight), \
+                     so it proves nothing",
+                    before.done, after.done, after.in_flight
+                )
+            })
+        });
         tally.record(
             Invariant::NoIdleWrites,
-            unwanted
-                .iter()
-                .map(|w| {
+            unproven
+                .collect::<Vec<_>>()
+                .into_iter()
+                .chain(unwanted.iter().map(|w| {
                     format!(
                         "{} {}{} {}/{} by {} at {}: {}",
                         w.verb,
@@ -317,7 +350,7 @@ impl Observer {
                         w.received,
                         w.code.map_or("no response".to_owned(), |c| c.to_string())
                     )
-                })
+                }))
                 .collect(),
         );
         Ok(())
@@ -529,6 +562,92 @@ async fn memory_of_every_controller(workload: &Workload) -> Result<BTreeMap<&'st
     Ok(memory_now)
 }
 
+/// The evidence behind idle writes: each object written, as it is now,
+/// with its managed fields (who owns the fields a write keeps setting).
+async fn print_written_objects(writes: &[WriteRequest]) {
+    let objects: BTreeSet<(&str, &str, &str)> = writes
+        .iter()
+        .filter_map(|w| {
+            Some((
+                w.resource.as_str(),
+                w.namespace.as_deref()?,
+                w.name.as_deref()?,
+            ))
+        })
+        .collect();
+    for (resource, namespace, name) in objects {
+        let shown = cluster()
+            .kubectl(&[
+                "get",
+                resource,
+                name,
+                "-n",
+                namespace,
+                "-o",
+                "json",
+                "--show-managed-fields",
+            ])
+            .await;
+        match shown {
+            Ok(out) => eprintln!(
+                "chaos: written in the idle window, {resource} {namespace}/{name} now:\n{}",
+                out.stdout
+            ),
+            Err(e) => {
+                eprintln!("chaos: written in the idle window, {resource} {namespace}/{name}: {e}")
+            }
+        }
+    }
+}
+
+/// A controller's reconciles, from its metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Reconciles {
+    /// Finished so far (`cairn_reconcile_total`, every kind).
+    done: f64,
+    /// Running now (`cairn_reconciles_in_flight`, every kind).
+    in_flight: f64,
+}
+
+/// Each controller's reconciles, read from the replica holding its leader
+/// Lease.
+async fn reconciles_of_every_leader(
+    workload: &Workload,
+) -> Result<BTreeMap<&'static str, Reconciles>> {
+    let mut counts = BTreeMap::new();
+    for controller in &workload.controllers {
+        let leader = workload
+            .leader(controller)
+            .await?
+            .ok_or_else(|| format!("{}: no replica leads", controller.chart))?;
+        let path = format!(
+            "/api/v1/namespaces/{}/pods/{leader}:8080/proxy/metrics",
+            workload.real.name
+        );
+        let metrics = cluster().kubectl(&["get", "--raw", &path]).await?.stdout;
+        counts.insert(controller.chart, reconciles_in(&metrics));
+    }
+    Ok(counts)
+}
+
+/// The reconcile series in Prometheus text, summed over their kinds.
+fn reconciles_in(metrics: &str) -> Reconciles {
+    let sum = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .filter(|line| {
+                line.strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with('{'))
+            })
+            .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum()
+    };
+    Reconciles {
+        done: sum("cairn_reconcile_total"),
+        in_flight: sum("cairn_reconciles_in_flight"),
+    }
+}
+
 /// Each controller's largest resident memory among its replicas.
 async fn memory(workload: &Workload) -> Result<BTreeMap<&'static str, f64>> {
     let mut memory = BTreeMap::new();
@@ -581,6 +700,75 @@ async fn until_backups_finished(ns: &TestNamespace) -> Result {
                 Ok(Some(()))
             } else {
                 Err(format!("running: {}", running.join(", ")))
+            }
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// Until the schedule's status names no running Backup and holds the
+/// newest success among its Backups: its write for the last one to finish.
+async fn until_schedule_recorded_the_last_backup(ns: &TestNamespace) -> Result {
+    let newest_success = ns
+        .api::<Backup>()
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|b| {
+            let status = b.status?;
+            (status.phase == Some(BackupPhase::Completed)).then_some(status.completed_at?.0)
+        })
+        .max();
+    let schedules = ns.api::<BackupSchedule>();
+    cairn_testing::wait::for_object(
+        &schedules,
+        SCHEDULE,
+        "the last Backup recorded",
+        Duration::from_secs(120),
+        |s| {
+            s.status.as_ref().is_some_and(|status| {
+                status.active.is_empty()
+                    && status.last_successful_time.as_ref().map(|t| t.0) >= newest_success
+            })
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// Until the schedule's backups turning stale (`BackupsHealthy` False, two
+/// intervals after the newest success, written when due) cannot fall within
+/// the idle window: it has been reported, or it is due after the window
+/// would end.
+async fn until_no_staleness_due(ns: &TestNamespace) -> Result {
+    let schedules = ns.api::<BackupSchedule>();
+    // The window, and a margin for the controller's clock and its write.
+    let margin = SignedDuration::from_secs(5);
+    let window = SignedDuration::try_from(IDLE_WINDOW)? + margin;
+    cairn_testing::wait::until(
+        "no staleness due within the idle window",
+        2 * SCHEDULE_INTERVAL + IDLE_WINDOW + Duration::from_secs(30),
+        || async {
+            let schedule = schedules.get(SCHEDULE).await.map_err(|e| e.to_string())?;
+            let status = schedule.status.unwrap_or_default();
+            let reported = status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "BackupsHealthy" && c.status == "False");
+            let Some(success) = status.last_successful_time else {
+                return Ok(Some(()));
+            };
+            let interval =
+                SignedDuration::try_from(SCHEDULE_INTERVAL).map_err(|e| e.to_string())?;
+            let due_in = (success.0 + interval * 2).duration_since(Timestamp::now());
+            if reported || due_in > window {
+                Ok(Some(()))
+            } else {
+                Err(format!(
+                    "the backups turn stale in {due_in:#}, within the window"
+                ))
             }
         },
     )
@@ -709,4 +897,23 @@ fn has_true_condition<C: serde::Serialize>(conditions: Option<&Vec<C>>, type_: &
             c["type"] == type_ && c["status"] == "True"
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reconciles_in;
+
+    #[test]
+    fn reconciles_are_summed_over_kinds_and_nothing_else_is() {
+        let metrics = "# TYPE cairn_reconcile_total counter\n\
+            cairn_reconcile_total{kind=\"Backup\",controller=\"backup\"} 7\n\
+            cairn_reconcile_total{kind=\"BackupSchedule\",controller=\"backup\"} 3\n\
+            cairn_reconcile_errors_total{kind=\"Backup\",reason=\"kube\",controller=\"backup\"} 2\n\
+            cairn_reconcile_duration_seconds_count{kind=\"Backup\",controller=\"backup\"} 10\n\
+            cairn_reconciles_in_flight{kind=\"Backup\",controller=\"backup\"} 1\n\
+            cairn_reconciles_in_flight{kind=\"BackupSchedule\",controller=\"backup\"} 0\n";
+        let counted = reconciles_in(metrics);
+        assert_eq!((counted.done, counted.in_flight), (10.0, 1.0));
+        assert_eq!(reconciles_in(""), Default::default());
+    }
 }

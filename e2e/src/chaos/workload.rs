@@ -33,6 +33,8 @@ pub const CHARTS: [&str; 3] = [
 pub const REAL_CLUSTER: &str = "pg";
 pub const REAL_CLUSTER_RW: &str = "pg-rw";
 pub const SCHEDULE: &str = "every-minute";
+/// Its interval: its backups turn stale two of them after the newest success.
+pub const SCHEDULE_INTERVAL: Duration = Duration::from_secs(60);
 pub const KWOK_CLUSTERS: [&str; 6] = ["k0", "k1", "k2", "k3", "k4", "k5"];
 pub const BUCKETS: [&str; 3] = ["b0", "b1", "b2"];
 pub const RECORDS: [&str; 2] = ["r0", "r1"];
@@ -284,16 +286,21 @@ impl Workload {
     }
 }
 
+/// The controllers' resync: every object is reconciled again this often,
+/// so the idle window at the end sees reconciles that write nothing.
+pub const RESYNC: Duration = Duration::from_secs(10);
+
 /// `helm install` of `chart`, watching every namespace, its images never
 /// pulled; returns once both replicas are available and one leads.
 async fn install(ns: &TestNamespace, chart: &'static str) -> Result<ControllerInstall> {
     let release = format!("{}-{chart}", ns.name);
+    let resync = format!("runtime.resyncSeconds={}", RESYNC.as_secs());
     cluster()
         .helm_install(
             chart,
             &release,
             &ns.name,
-            &["--set", "image.pullPolicy=Never"],
+            &["--set", "image.pullPolicy=Never", "--set", &resync],
         )
         .await?;
     let deployments = ns.api::<Deployment>();

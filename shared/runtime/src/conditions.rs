@@ -4,8 +4,16 @@
 
 pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-/// A condition of `type_` observed at `generation`, with `now` as its
-/// transition time if it turns out to be a transition.
+/// A time as the API server stores it: a `Time` is written in whole
+/// seconds. A status holding a finer time differs from its own stored copy
+/// at every later look, and would be written again each time.
+pub fn stored_time(at: k8s_openapi::jiff::Timestamp) -> Time {
+    Time(k8s_openapi::jiff::Timestamp::from_second(at.as_second()).unwrap_or(at))
+}
+
+/// A condition of `type_` observed at `generation`, with `now` (in whole
+/// seconds, as stored) as its transition time if it turns out to be a
+/// transition.
 pub fn new(
     type_: &str,
     status: bool,
@@ -20,7 +28,7 @@ pub fn new(
         reason: reason.to_owned(),
         message: message.into(),
         observed_generation: generation,
-        last_transition_time: now,
+        last_transition_time: stored_time(now.0),
     }
 }
 
@@ -154,5 +162,15 @@ mod tests {
             find(&conditions, "Degraded").map(|c| &c.last_transition_time),
             Some(&at(10))
         );
+    }
+
+    #[test]
+    fn a_transition_time_is_kept_in_whole_seconds_as_stored() {
+        let now: k8s_openapi::jiff::Timestamp = "2026-11-26T12:00:00.731Z".parse().expect("time");
+        let condition = new("Ready", true, "Ok", "", None, Time(now));
+        assert_eq!(condition.last_transition_time, at(now.as_second()));
+        let stored: Condition =
+            serde_json::from_value(serde_json::to_value(&condition).expect("json")).expect("back");
+        assert_eq!(stored, condition);
     }
 }
