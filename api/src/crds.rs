@@ -130,13 +130,40 @@ pub fn all() -> Vec<CustomResourceDefinition> {
 }
 
 /// Helm must never delete a CRD on uninstall: that would delete every object
-/// of its kind, and with them the clusters and backups they describe.
+/// of its kind, and with them the clusters and backups they describe. And
+/// every integer format one Kubernetes knows.
 fn finish(mut crd: CustomResourceDefinition) -> CustomResourceDefinition {
     crd.metadata
         .annotations
         .get_or_insert_with(Default::default)
         .insert("helm.sh/resource-policy".into(), "keep".into());
-    crd
+    with_known_integer_formats(crd)
+}
+
+/// The schema generator names Rust's integer widths (`uint32` for a `u32`,
+/// with `minimum: 0`); the API server knows only `int32` and `int64`, and
+/// warns of any other on every apply (`unrecognized format "uint32"`).
+/// Each becomes the narrowest known format that holds it; the minimum stays.
+fn with_known_integer_formats(crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    fn walk(value: &mut serde_json::Value) {
+        match value {
+            serde_json::Value::Object(map) => {
+                if let Some(serde_json::Value::String(format)) = map.get_mut("format") {
+                    match format.as_str() {
+                        "int8" | "int16" | "uint8" | "uint16" => *format = "int32".into(),
+                        "uint32" | "uint64" | "uint" => *format = "int64".into(),
+                        _ => {}
+                    }
+                }
+                map.values_mut().for_each(walk);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    let mut value = serde_json::to_value(&crd).expect("a CRD serializes");
+    walk(&mut value);
+    serde_json::from_value(value).expect("only formats changed")
 }
 
 /// Where `crd` is committed, relative to the repository root. CRDs live in
@@ -168,6 +195,105 @@ pub fn to_yaml(crd: &CustomResourceDefinition) -> Result<String, serde_yaml_ng::
 mod tests {
     use super::*;
     use serde_json::Value;
+
+    /// kubectl shows a `date` column as an age, and a time still to come as
+    /// `<invalid>`: only a creation or a `last…` time is one.
+    #[test]
+    fn date_columns_show_past_times_only() {
+        let mut dates = Vec::new();
+        for crd in all() {
+            for version in &crd.spec.versions {
+                for column in version.additional_printer_columns.iter().flatten() {
+                    if column.type_ == "date" {
+                        let field = column.json_path.rsplit('.').next().unwrap_or("");
+                        dates.push((crd.spec.names.kind.clone(), field.to_owned()));
+                    }
+                }
+            }
+        }
+        let future: Vec<_> = dates
+            .iter()
+            .filter(|(_, field)| !(field == "creationTimestamp" || field.starts_with("last")))
+            .collect();
+        assert!(!dates.is_empty(), "the walk finds the date columns");
+        assert!(
+            future.is_empty(),
+            "date columns of times to come: {future:?}"
+        );
+    }
+
+    /// Applying the CRDs prints no warning: every `format` is one the API
+    /// server knows (k8s.io/kube-openapi's format registry and the
+    /// OpenAPI integer and number formats).
+    #[test]
+    fn every_format_is_one_the_api_server_knows() {
+        const KNOWN: &[&str] = &[
+            "int32",
+            "int64",
+            "float",
+            "double",
+            "byte",
+            "binary",
+            "date",
+            "date-time",
+            "datetime",
+            "duration",
+            "password",
+            "email",
+            "hostname",
+            "ipv4",
+            "ipv6",
+            "cidr",
+            "mac",
+            "uri",
+            "uuid",
+            "uuid3",
+            "uuid4",
+            "uuid5",
+            "bsonobjectid",
+            "creditcard",
+            "isbn",
+            "isbn10",
+            "isbn13",
+            "ssn",
+            "hexcolor",
+            "rgbcolor",
+        ];
+        fn formats(value: &Value, path: &str, found: &mut Vec<String>) {
+            match value {
+                Value::Object(map) => {
+                    if let Some(Value::String(format)) = map.get("format") {
+                        found.push(format!("{path}: {format}"));
+                    }
+                    for (key, inner) in map {
+                        formats(inner, &format!("{path}.{key}"), found);
+                    }
+                }
+                Value::Array(items) => items.iter().for_each(|i| formats(i, path, found)),
+                _ => {}
+            }
+        }
+        let mut found = Vec::new();
+        for chart in chart_files() {
+            for crd in chart.crds {
+                let name = crd.metadata.name.clone().unwrap_or_default();
+                formats(
+                    &serde_json::to_value(&crd).expect("json"),
+                    &name,
+                    &mut found,
+                );
+            }
+        }
+        let unknown: Vec<&String> = found
+            .iter()
+            .filter(|f| !KNOWN.contains(&f.rsplit(": ").next().unwrap_or("")))
+            .collect();
+        assert!(!found.is_empty(), "the walk finds the formats");
+        assert!(
+            unknown.is_empty(),
+            "formats the API server warns of: {unknown:?}"
+        );
+    }
 
     /// `kubectl explain` must read well: every field of every kind has a description.
     #[test]

@@ -239,6 +239,46 @@ async fn every_option_renders_what_it_says_and_the_api_server_admits_it() -> Res
 /// Values written before `image.registry` existed named the registry in
 /// `image.repository`: they still pull from that registry, and a chart's
 /// helm test pod is no replica (not selected by the controller's PDB).
+/// A controller's pods carry its chart's name (what the runbooks select
+/// by: `app.kubernetes.io/name=cairn-database-controller`) whether the
+/// chart is installed alone or under the umbrella chart's alias; the
+/// objects' names stay the alias's (`render-database`).
+#[tokio::test]
+async fn a_controller_is_labelled_with_its_chart_name_alone_or_under_the_umbrella() -> Result {
+    let umbrella = render(UMBRELLA, "default", &[]).await?;
+    for (chart, alias) in CONTROLLER_CHARTS
+        .iter()
+        .zip(["database", "backup", "cloud"])
+    {
+        let alone = render(chart, "default", &[]).await?;
+        for (install, objects, name) in [
+            ("alone", &alone, format!("render-{chart}")),
+            ("under the umbrella", &umbrella, format!("render-{alias}")),
+        ] {
+            let deployment = find(objects, "Deployment", &name);
+            for labels in [
+                &deployment["metadata"]["labels"],
+                &deployment["spec"]["template"]["metadata"]["labels"],
+            ] {
+                assert_eq!(
+                    labels["app.kubernetes.io/name"], *chart,
+                    "{chart} {install}"
+                );
+                assert_eq!(
+                    labels["helm.sh/chart"],
+                    format!("{chart}-0.1.0"),
+                    "{chart} {install}"
+                );
+            }
+            assert_eq!(
+                deployment["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"], *chart,
+                "{chart} {install}"
+            );
+        }
+    }
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_repository_naming_its_registry_is_used_as_it_is() -> Result {
     for (repository, image) in [

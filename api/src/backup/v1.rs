@@ -289,7 +289,9 @@ pub const VERIFIED: &str = "Verified";
         type_ = "date",
         json_path = ".status.lastScheduleTime"
     ),
-    printcolumn(name = "Next", type_ = "date", json_path = ".status.nextScheduleTime"),
+    // A string, not a date: kubectl renders a date column as an age, and a
+    // time still to come as `<invalid>`.
+    printcolumn(name = "Next", type_ = "string", json_path = ".status.nextScheduleTime"),
     printcolumn(
         name = "Healthy",
         type_ = "string",

@@ -4,15 +4,25 @@ includes these with its own context (`.`), so `.Chart`, `.Values` and `.Files`
 are the controller chart's.
 */}}
 
-{{- define "cairn.name" -}}
-{{- .Values.nameOverride | default .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{/* The chart's own name. Under an alias (the umbrella chart's `database`,
+`backup`, `cloud`) Helm renames `.Chart.Name`; the chart's annotation
+`cairn.dev/chart` keeps it, so the labels say the same in either install. */}}
+{{- define "cairn.chartName" -}}
+{{- index (.Chart.Annotations | default dict) "cairn.dev/chart" | default .Chart.Name -}}
 {{- end -}}
 
+{{/* `app.kubernetes.io/name`. */}}
+{{- define "cairn.name" -}}
+{{- .Values.nameOverride | default (include "cairn.chartName" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Object names: after the alias under the umbrella chart (`cairn-database`
+for release `cairn`), as they have always been. */}}
 {{- define "cairn.fullname" -}}
 {{- if .Values.fullnameOverride -}}
 {{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- $name := include "cairn.name" . -}}
+{{- $name := .Values.nameOverride | default .Chart.Name | trunc 63 | trimSuffix "-" -}}
 {{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
@@ -31,7 +41,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: cairn
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+helm.sh/chart: {{ printf "%s-%s" (include "cairn.chartName" .) .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
 {{/* registry/repository:tag, pinned by @digest when one is given. A
