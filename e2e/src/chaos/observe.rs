@@ -38,6 +38,9 @@ const MEMORY_FACTOR: f64 = 2.0;
 /// The idle window at the end: two resyncs and a margin, so that every
 /// object is reconciled at least twice in it.
 const IDLE_WINDOW: Duration = Duration::from_secs(2 * RESYNC.as_secs() + 5);
+/// The longest the idle window goes on for a controller that has not
+/// reconciled yet (one backing off after the faults).
+const IDLE_WINDOW_LONGEST: Duration = Duration::from_secs(120);
 
 pub struct Observer {
     audit: Tail,
@@ -300,26 +303,43 @@ impl Observer {
         let namespaces = [workload.real.name.as_str(), workload.kwok.name.as_str()];
         let mut idle = Tail::from_now(&cluster().audit_log())?;
         let reconciles_before = reconciles_of_every_leader(workload).await?;
-        let unwanted = idle
-            .unwanted_within(IDLE_WINDOW, |w| {
-                users.contains(&w.user)
-                    && w.namespace
-                        .as_deref()
-                        .is_none_or(|n| namespaces.contains(&n))
-                    && !(w.resource == "leases"
-                        && w.name.as_deref().is_some_and(|n| leases.contains(n)))
-            })
-            .await?;
-        let reconciles_after = reconciles_of_every_leader(workload).await?;
+        let ours = |w: &WriteRequest| {
+            users.contains(&w.user)
+                && w.namespace
+                    .as_deref()
+                    .is_none_or(|n| namespaces.contains(&n))
+                && !(w.resource == "leases"
+                    && w.name.as_deref().is_some_and(|n| leases.contains(n)))
+        };
+        let window = Instant::now();
+        let mut unwanted = idle.unwanted_within(IDLE_WINDOW, ours).await?;
+        let mut reconciles_after = reconciles_of_every_leader(workload).await?;
+        // A controller still backing off after the faults may reconcile
+        // nothing for a while: the window goes on, a resync at a time, until
+        // each has reconciled (or IDLE_WINDOW_LONGEST has passed), so that
+        // what it shows covers a reconcile of each.
+        let all_reconciled = |after: &BTreeMap<&str, Reconciles>| {
+            reconciles_before
+                .iter()
+                .all(|(chart, before)| after.get(chart).is_some_and(|a| a.done > before.done))
+        };
+        while unwanted.is_empty()
+            && !all_reconciled(&reconciles_after)
+            && window.elapsed() < IDLE_WINDOW_LONGEST
+        {
+            unwanted = idle.unwanted_within(RESYNC, ours).await?;
+            reconciles_after = reconciles_of_every_leader(workload).await?;
+        }
+        let window = window.elapsed();
         print_written_objects(&unwanted).await;
         // A window without reconciles would show nothing: each controller's
         // leader must have reconciled in it (its resync is RESYNC).
         let unproven = reconciles_before.iter().filter_map(|(chart, before)| {
             let after = reconciles_after.get(chart).copied().unwrap_or_default();
             eprintln!(
-                "chaos: {chart}: {} reconciles in the idle window of {} s, {} in flight at its end",
+                "chaos: {chart}: {} reconciles in the idle window of {:.0} s, {} in flight at its end",
                 after.done - before.done,
-                IDLE_WINDOW.as_secs(),
+                window.as_secs_f64(),
                 after.in_flight
             );
             (after.done <= before.done).then(|| {
