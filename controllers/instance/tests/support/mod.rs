@@ -488,6 +488,7 @@ impl Fixture {
 
 impl Drop for Fixture {
     fn drop(&mut self) {
+        stop_what_runs_under(&self.root);
         if !self.passed {
             eprintln!("instance logs and data kept in {}", self.root.display());
             for log in std::fs::read_dir(self.root.join("logs"))
@@ -504,6 +505,37 @@ impl Drop for Fixture {
             }
         } else {
             let _ = std::fs::remove_dir_all(&self.root);
+        }
+    }
+}
+
+/// Stops every process whose command line names a path under `root`: an
+/// instance dropped without being stopped (killed, as `kill_on_drop` does,
+/// on a failed assertion or an early return) leaves its PostgreSQL running,
+/// orphaned, and the run's leftovers check fails on it. SIGQUIT first
+/// (PostgreSQL's immediate shutdown), SIGKILL after 5 s.
+fn stop_what_runs_under(root: &Path) {
+    let pattern = format!("{}/", root.display());
+    let running = || {
+        std::process::Command::new("pgrep")
+            .args(["-f", "--", &pattern])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    for signal in ["-QUIT", "-KILL"] {
+        if !running() {
+            return;
+        }
+        eprintln!("stopping what still runs under {pattern} ({signal})");
+        let _ = std::process::Command::new("pkill")
+            .args([signal, "-f", "--", &pattern])
+            .status();
+        for _ in 0..50 {
+            if !running() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
         }
     }
 }
