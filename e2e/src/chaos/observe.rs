@@ -620,6 +620,15 @@ async fn print_written_objects(writes: &[WriteRequest]) {
     }
 }
 
+/// A controller pod's `/metrics`, through the API server's pod proxy.
+async fn metrics_of(workload: &Workload, pod: &str) -> Result<String> {
+    let path = format!(
+        "/api/v1/namespaces/{}/pods/{pod}:8080/proxy/metrics",
+        workload.real.name
+    );
+    Ok(cluster().kubectl(&["get", "--raw", &path]).await?.stdout)
+}
+
 /// A controller's reconciles, from its metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 struct Reconciles {
@@ -640,11 +649,7 @@ async fn reconciles_of_every_leader(
             .leader(controller)
             .await?
             .ok_or_else(|| format!("{}: no replica leads", controller.chart))?;
-        let path = format!(
-            "/api/v1/namespaces/{}/pods/{leader}:8080/proxy/metrics",
-            workload.real.name
-        );
-        let metrics = cluster().kubectl(&["get", "--raw", &path]).await?.stdout;
+        let metrics = metrics_of(workload, &leader).await?;
         counts.insert(controller.chart, reconciles_in(&metrics));
     }
     Ok(counts)
@@ -674,17 +679,12 @@ async fn memory(workload: &Workload) -> Result<BTreeMap<&'static str, f64>> {
     for controller in &workload.controllers {
         let mut most: f64 = 0.0;
         for pod in workload.controller_pods(controller).await? {
-            let path = format!(
-                "/api/v1/namespaces/{}/pods/{}:8080/proxy/metrics",
-                workload.real.name,
-                pod.name_any()
-            );
             let series = format!(
                 "process_resident_memory_bytes{{controller=\"{}\"}}",
                 controller.name()
             );
-            if let Ok(out) = cluster().kubectl(&["get", "--raw", &path]).await
-                && let Some(rss) = sample(&out.stdout, &series)
+            if let Ok(metrics) = metrics_of(workload, &pod.name_any()).await
+                && let Some(rss) = sample(&metrics, &series)
             {
                 most = most.max(rss);
             }
