@@ -208,6 +208,44 @@ fn is_false(value: &bool) -> bool {
     !value
 }
 
+/// The one reading of each setting the controller and its instances act
+/// on: the schema bounds them, so the conversions here cannot fail on an
+/// admitted object; what one refused would be is said at each.
+impl DatabaseClusterSpec {
+    /// How many instances the cluster runs (the schema admits 1 to 9).
+    pub fn instance_count(&self) -> u32 {
+        u32::try_from(self.instances).unwrap_or(1)
+    }
+
+    /// How many replicas must confirm each commit; `None` without
+    /// synchronous replication (the schema admits 1 to 8).
+    pub fn synchronous_replicas(&self) -> Option<u32> {
+        let replicas = self.replication.as_ref()?.synchronous_replicas;
+        Some(u32::try_from(replicas).unwrap_or(1))
+    }
+
+    /// The failover settings, the defaults where the spec has none.
+    pub fn failover_settings(&self) -> FailoverSpec {
+        self.failover.clone().unwrap_or_default()
+    }
+
+    /// How long a primary may be silent before a replica is promoted.
+    pub fn failover_delay(&self) -> std::time::Duration {
+        let seconds = self.failover_settings().delay_seconds;
+        std::time::Duration::from_secs(
+            u64::try_from(seconds).unwrap_or(DEFAULT_FAILOVER_DELAY_SECONDS as u64),
+        )
+    }
+
+    /// How far behind the lost primary a promoted replica may be; `None`:
+    /// any replica.
+    pub fn failover_max_lag_bytes(&self) -> Option<u64> {
+        self.failover_settings()
+            .max_lag_bytes
+            .and_then(|bytes| u64::try_from(bytes).ok())
+    }
+}
+
 /// Continuous backup of a cluster.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]

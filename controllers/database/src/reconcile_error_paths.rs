@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use cairn_api::database::instance::OBSERVED_ANNOTATION;
+use cairn_api::database::instance::{FENCED_ANNOTATION, OBSERVED_ANNOTATION};
 use cairn_runtime::errors::ErrorClass;
 use cairn_runtime::manager::Classify;
 use cairn_testing::fake_api::{Answer, FakeApi, Fault, Recorded};
@@ -15,8 +15,13 @@ use kube::runtime::events::Recorder;
 use kube::runtime::reflector::store;
 use kube::runtime::watcher;
 
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
+
 use super::*;
 use crate::fixtures;
+use crate::metrics::ClusterMetrics;
 
 fn context(client: Client) -> Arc<Context> {
     context_with_pods(client, &[])
@@ -392,4 +397,101 @@ async fn a_blocked_failover_is_written_once_while_it_waits() {
     tokio::time::sleep(Duration::from_millis(1100)).await;
     reconcile(cluster, ctx).await.expect("reconciled again");
     assert_eq!(status_writes_to(&fake), 1, "{:#?}", fake.writes());
+}
+
+/// A Lease in the cluster's membership, renewed `seconds_ago`, reporting
+/// `observed`. Its time in microseconds, as the API server keeps it: the
+/// promotion compares the cached Lease with a fresh read.
+fn member_lease(pod: &str, seconds_ago: i64, observed: serde_json::Value) -> Lease {
+    let renewed = (Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(seconds_ago))
+        .round(k8s_openapi::jiff::Unit::Microsecond)
+        .expect("a time");
+    serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "name": pod, "namespace": "shop", "resourceVersion": "5",
+            "labels": {
+                "app.kubernetes.io/instance": "orders",
+                "app.kubernetes.io/component": "membership",
+            },
+            "annotations": { OBSERVED_ANNOTATION: observed.to_string() },
+        },
+        "spec": { "renewTime": renewed.to_string() },
+    }))
+    .expect("a lease")
+}
+
+/// A child that cannot be written (a Service refused by a quota or a
+/// webhook) does not keep a lost primary from being replaced: the
+/// membership step runs first, deposes the silent primary and records the
+/// promotion before any child is applied.
+#[tokio::test]
+async fn a_child_that_cannot_be_written_does_not_hold_up_a_failover() {
+    let mut cluster = fixtures::cluster(2, &[]);
+    cluster.metadata.resource_version = Some("7".into());
+    cluster.status = Some(DatabaseClusterStatus {
+        initialized: true,
+        current_primary: Some("orders-0".into()),
+        timeline: Some(3),
+        ..DatabaseClusterStatus::default()
+    });
+    let (fake, client) = fake_with(&cluster);
+    let leases = [
+        member_lease(
+            "orders-0",
+            60,
+            serde_json::json!({ "ready": true, "role": "primary", "timeline": 3 }),
+        ),
+        member_lease(
+            "orders-1",
+            0,
+            serde_json::json!({ "ready": true, "role": "replica", "timeline": 3 }),
+        ),
+    ];
+    for lease in &leases {
+        fake.put(
+            &format!(
+                "/apis/coordination.k8s.io/v1/namespaces/shop/leases/{}",
+                lease.name_any()
+            ),
+            serde_json::to_value(lease).expect("serializes"),
+        );
+    }
+    fake.inject(Fault {
+        method: "PATCH",
+        path: "/services/orders-rw".into(),
+        answer: Answer::Status(500, "InternalError"),
+        skip: 0,
+        times: 1,
+    });
+    let ctx = context_with(client, &[], &leases);
+    let result = reconcile(Arc::new(cluster), ctx).await;
+    let error = result.expect_err("the Service's failure fails the reconcile");
+    assert_eq!(error.class(), ErrorClass::Transient, "{error:?}");
+    let requests = fake.requests();
+    let writes: Vec<String> = requests
+        .iter()
+        .filter(|r| r.is_write())
+        .map(ToString::to_string)
+        .collect();
+    let fenced = requests.iter().any(|r| {
+        r.is_write()
+            && r.path.ends_with("/leases/orders-0")
+            && r.body["metadata"]["annotations"][FENCED_ANNOTATION] == "true"
+    });
+    assert!(fenced, "the silent primary deposed: {writes:#?}");
+    let promoted = requests
+        .iter()
+        .find(|r| r.is_status_write())
+        .map(|r| r.body["status"]["currentPrimary"].clone());
+    assert_eq!(
+        promoted,
+        Some(serde_json::json!("orders-1")),
+        "the promotion recorded: {writes:#?}"
+    );
+    assert!(
+        requests
+            .iter()
+            .any(|r| r.path.ends_with("/services/orders-rw")),
+        "the fault was reached: {writes:#?}"
+    );
 }

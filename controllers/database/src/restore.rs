@@ -10,8 +10,8 @@ use cairn_api::database::v1::{DatabaseCluster, FromBucketSpec, RestoredFrom};
 use kube::{Api, ResourceExt};
 
 use crate::build;
+use crate::context::Context;
 use crate::error::Error;
-use crate::reconcile::Context;
 
 /// What the bootstrap needs now.
 #[derive(Debug, PartialEq)]

@@ -15,7 +15,7 @@ use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
 use crate::build;
-use crate::reconcile::Caches;
+use crate::context::Caches;
 
 /// The caches of the clusters and their children, and the controller they
 /// wake: a cluster's spec change, any change of a child it owns, any change

@@ -2,7 +2,8 @@
 //! status or reason, none when a reconcile merely confirms the state (events
 //! are writes too, and an Event per reconcile would flood `kubectl describe`).
 
-use kube::runtime::events::{Event, EventType};
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{Event, EventType, Recorder};
 
 use crate::conditions::Condition;
 
@@ -41,6 +42,33 @@ pub fn on_transition(previous: Option<&Condition>, current: &Condition) -> Optio
         action: format!("Set{}", current.type_),
         secondary: None,
     })
+}
+
+/// Publishes an Event of `type_` about `object`, its `reason` also its
+/// action. An Event is a courtesy: one that cannot be published is logged,
+/// never a failure of the reconcile that made it.
+pub async fn publish(
+    recorder: &Recorder,
+    object: &ObjectReference,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
+    let event = Event {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(note),
+        action: reason.to_owned(),
+        secondary: None,
+    };
+    publish_event(recorder, object, &event).await;
+}
+
+/// [`publish`] for an Event made already (by [`on_transition`]).
+pub async fn publish_event(recorder: &Recorder, object: &ObjectReference, event: &Event) {
+    if let Err(e) = recorder.publish(event, object).await {
+        tracing::warn!(error = %e, reason = %event.reason, "could not publish an Event");
+    }
 }
 
 /// At most `max` bytes of `text`, cut at a character boundary.

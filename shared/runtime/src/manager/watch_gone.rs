@@ -10,10 +10,12 @@
 //! everything due within it run (no real sleep stands as proof of anything).
 
 use std::process::ExitCode;
+use std::sync::Mutex;
 
 use cairn_testing::fake_api::{Answer, FakeApi, Fault, Recorded};
 use clap::Parser;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::runtime::reflector::{ObjectRef, Store};
 use serde_json::json;
 
 use super::*;

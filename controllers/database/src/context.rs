@@ -1,0 +1,313 @@
+//! What every reconcile of a `DatabaseCluster` reads from and writes with:
+//! the client, the caches of the children, what this process remembers
+//! between reconciles, and the read of one cluster's caches ([`Observed`]).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cairn_api::database::v1::{DatabaseCluster, FailoverRecord, SwitchoverRecord};
+use cairn_runtime::apply::Applier;
+use cairn_runtime::events;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{
+    ConfigMap, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
+};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::runtime::events::{EventType, Recorder};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, Resource, ResourceExt};
+
+use crate::failover::Member;
+use crate::leftovers;
+use crate::metrics::ClusterMetrics;
+
+/// What every reconcile reads from and writes with.
+pub struct Context {
+    pub client: Client,
+    pub recorder: Recorder,
+    pub caches: Caches,
+    pub metrics: ClusterMetrics,
+    /// Since when each cluster's primary (`namespace/name` → pod) has been
+    /// seen not serving: this process's clock, so a restart of the controller
+    /// can only delay a failover, never hasten one.
+    pub not_serving_since: Mutex<HashMap<String, (String, Instant)>>,
+    /// Decisions recorded and not yet seen in the cache (see `Decisions`).
+    pub decisions: Decisions,
+    /// Every apply and status write, remembered against a lagging cache.
+    pub applier: Applier,
+    /// How old a replaced StatefulSet's successor must be before its
+    /// leftover pods are deleted (see `leftovers.rs`).
+    pub collector_grace: Duration,
+}
+
+impl Context {
+    pub fn new(
+        client: Client,
+        recorder: Recorder,
+        caches: Caches,
+        metrics: ClusterMetrics,
+    ) -> Self {
+        Self {
+            client,
+            recorder,
+            caches,
+            metrics,
+            not_serving_since: Mutex::default(),
+            decisions: Decisions::default(),
+            applier: Applier::default(),
+            collector_grace: leftovers::COLLECTOR_GRACE,
+        }
+    }
+
+    /// The same, giving the garbage collector `grace` instead of
+    /// [`leftovers::COLLECTOR_GRACE`].
+    pub fn with_collector_grace(mut self, grace: Duration) -> Self {
+        self.collector_grace = grace;
+        self
+    }
+
+    /// Publishes an Event about `cluster` (never fails the reconcile).
+    pub async fn publish(
+        &self,
+        cluster: &DatabaseCluster,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
+        let reference = cluster.object_ref(&());
+        events::publish(&self.recorder, &reference, type_, reason, note).await;
+    }
+
+    /// Every `period`: the per-cluster gauges refreshed from the cache, and
+    /// what this process remembers of deleted clusters dropped.
+    pub async fn housekeeping(
+        context: Arc<Self>,
+        clusters: Store<DatabaseCluster>,
+        period: Duration,
+    ) {
+        let mut every = tokio::time::interval(period);
+        loop {
+            every.tick().await;
+            context.metrics.refresh(&clusters.state());
+            context.forget_missing(&clusters);
+        }
+    }
+
+    /// Drops what this process remembers of clusters that are gone, so memory
+    /// stays bounded however many clusters come and go.
+    pub fn forget_missing(&self, clusters: &Store<DatabaseCluster>) {
+        let exists = |key: &String| {
+            key.split_once('/').is_some_and(|(namespace, name)| {
+                clusters
+                    .get(&ObjectRef::new(name).within(namespace))
+                    .is_some()
+            })
+        };
+        self.not_serving_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|key, _| exists(key));
+        self.decisions
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|key, _| exists(key));
+    }
+}
+
+/// The decisions (primary, failover, switchover) this process recorded and
+/// its cache of clusters has not shown yet, by `namespace/name`. A
+/// reconcile of an older copy would undo them: relabel the old primary, or
+/// fail over a second time.
+#[derive(Default)]
+pub struct Decisions(Mutex<HashMap<String, (Recorded, Instant)>>);
+
+/// How long a recorded decision may wait for the cache to show it; past
+/// that, something else changed the status since, and the reconcile goes
+/// on from the cache.
+const CACHE_LAG_LIMIT: Duration = Duration::from_secs(10);
+
+/// What a recorded decision left in the status.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Recorded {
+    current_primary: Option<String>,
+    last_failover: Option<FailoverRecord>,
+    last_switchover: Option<SwitchoverRecord>,
+}
+
+impl Recorded {
+    pub(crate) fn of(cluster: &DatabaseCluster) -> Self {
+        let status = cluster.status.as_ref();
+        Self {
+            current_primary: status.and_then(|s| s.current_primary.clone()),
+            last_failover: status.and_then(|s| s.last_failover.clone()),
+            last_switchover: status.and_then(|s| s.last_switchover.clone()),
+        }
+    }
+}
+
+impl Decisions {
+    /// Remembers what a status write left: always for a decision, and for
+    /// any later write while a decision awaits the cache.
+    pub(crate) fn written(&self, written: &DatabaseCluster, decision: bool) {
+        let mut decisions = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let key = key(written);
+        if decision || decisions.contains_key(&key) {
+            decisions.insert(key, (Recorded::of(written), Instant::now()));
+        }
+    }
+
+    /// Whether `cluster` is older than a decision recorded for it; forgets
+    /// the decision once the cache shows it.
+    pub(crate) fn is_behind(&self, cluster: &DatabaseCluster) -> bool {
+        let mut decisions = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let key = key(cluster);
+        let behind = decisions.get(&key).is_some_and(|(recorded, at)| {
+            *recorded != Recorded::of(cluster) && at.elapsed() < CACHE_LAG_LIMIT
+        });
+        if !behind {
+            decisions.remove(&key);
+        }
+        behind
+    }
+}
+
+pub(crate) fn key(cluster: &DatabaseCluster) -> String {
+    format!(
+        "{}/{}",
+        cluster.namespace().unwrap_or_default(),
+        cluster.name_any()
+    )
+}
+
+/// The controller's caches of the children it owns.
+pub struct Caches {
+    pub stateful_sets: Store<StatefulSet>,
+    pub services: Store<Service>,
+    pub config_maps: Store<ConfigMap>,
+    pub secrets: Store<Secret>,
+    pub service_accounts: Store<ServiceAccount>,
+    pub roles: Store<Role>,
+    pub role_bindings: Store<RoleBinding>,
+    pub disruption_budgets: Store<PodDisruptionBudget>,
+    pub pods: Store<Pod>,
+    pub claims: Store<PersistentVolumeClaim>,
+    pub leases: Store<Lease>,
+}
+
+/// What the caches show of one cluster, read once at the start of a
+/// reconcile so every step decides on the same picture.
+pub struct Observed {
+    /// The members, from their Leases, by pod name.
+    pub members: Vec<Member>,
+    /// The instance pods.
+    pub pods: Vec<Arc<Pod>>,
+    /// The StatefulSet, as last seen.
+    pub stateful_set: Option<Arc<StatefulSet>>,
+}
+
+impl Observed {
+    pub fn of(ctx: &Context, cluster: &DatabaseCluster) -> Self {
+        Self {
+            members: members(ctx, cluster),
+            pods: instance_pods(ctx, cluster),
+            stateful_set: cached_child(&ctx.caches.stateful_sets, cluster),
+        }
+    }
+
+    /// The pods, borrowed (as the pure decisions take them).
+    pub fn pod_refs(&self) -> Vec<&Pod> {
+        self.pods.iter().map(AsRef::as_ref).collect()
+    }
+}
+
+/// The cluster's members, from their Leases.
+fn members(ctx: &Context, cluster: &DatabaseCluster) -> Vec<Member> {
+    let namespace = cluster.namespace().unwrap_or_default();
+    let name = cluster.name_any();
+    let mut members: Vec<Member> = ctx
+        .caches
+        .leases
+        .state_filter(|lease| {
+            let labels = lease.labels();
+            lease.namespace().as_deref() == Some(namespace.as_str())
+                && labels.get("app.kubernetes.io/instance") == Some(&name)
+                && labels
+                    .get("app.kubernetes.io/component")
+                    .map(String::as_str)
+                    == Some("membership")
+        })
+        .iter()
+        .map(|lease| Member::from_lease(lease))
+        .collect();
+    members.sort_by(|a, b| a.pod.cmp(&b.pod));
+    members
+}
+
+/// The cluster's instance pods, from the cache.
+fn instance_pods(ctx: &Context, cluster: &DatabaseCluster) -> Vec<Arc<Pod>> {
+    let namespace = cluster.namespace().unwrap_or_default();
+    let name = cluster.name_any();
+    ctx.caches.pods.state_filter(|pod| {
+        pod.namespace().as_deref() == Some(namespace.as_str())
+            && pod.labels().get("app.kubernetes.io/instance") == Some(&name)
+    })
+}
+
+/// The child of the cluster's own name in `cache`.
+pub(crate) fn cached_child<K>(cache: &Store<K>, cluster: &DatabaseCluster) -> Option<Arc<K>>
+where
+    K: Resource<DynamicType = ()> + Clone,
+{
+    let namespace = cluster.namespace().unwrap_or_default();
+    cache.get(&ObjectRef::new(&cluster.name_any()).within(&namespace))
+}
+
+/// The object `name` in the cluster's namespace in `cache`.
+pub(crate) fn cached_named<K>(
+    cache: &Store<K>,
+    cluster: &DatabaseCluster,
+    name: &str,
+) -> Option<Arc<K>>
+where
+    K: Resource<DynamicType = ()> + Clone,
+{
+    let namespace = cluster.namespace().unwrap_or_default();
+    cache.get(&ObjectRef::new(name).within(&namespace))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_api::database::v1::DatabaseClusterStatus;
+
+    fn cluster(primary: &str) -> DatabaseCluster {
+        let mut cluster = crate::fixtures::cluster(3, &[]);
+        cluster.status = Some(DatabaseClusterStatus {
+            current_primary: Some(primary.to_owned()),
+            ..DatabaseClusterStatus::default()
+        });
+        cluster
+    }
+
+    #[test]
+    fn a_copy_older_than_a_recorded_decision_is_behind_until_the_cache_shows_it() {
+        let decisions = Decisions::default();
+        assert!(!decisions.is_behind(&cluster("orders-0")));
+        decisions.written(&cluster("orders-1"), true);
+        assert!(decisions.is_behind(&cluster("orders-0")));
+        assert!(!decisions.is_behind(&cluster("orders-1")));
+        // Forgotten once seen: a later change by anyone is the truth.
+        assert!(!decisions.is_behind(&cluster("orders-0")));
+    }
+
+    #[test]
+    fn a_plain_status_write_records_nothing() {
+        let decisions = Decisions::default();
+        decisions.written(&cluster("orders-1"), false);
+        assert!(!decisions.is_behind(&cluster("orders-0")));
+    }
+}
