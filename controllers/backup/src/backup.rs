@@ -492,9 +492,7 @@ pub async fn publish(
         action: "Backup".into(),
         secondary: None,
     };
-    if let Err(e) = recorder.publish(&event, object).await {
-        tracing::warn!(error = %e, "cannot publish an Event");
-    }
+    cairn_runtime::events::publish_event(recorder, object, &event).await;
 }
 
 #[cfg(test)]

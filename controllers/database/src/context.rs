@@ -282,16 +282,8 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cairn_api::database::v1::DatabaseClusterStatus;
 
-    fn cluster(primary: &str) -> DatabaseCluster {
-        let mut cluster = crate::fixtures::cluster(3, &[]);
-        cluster.status = Some(DatabaseClusterStatus {
-            current_primary: Some(primary.to_owned()),
-            ..DatabaseClusterStatus::default()
-        });
-        cluster
-    }
+    use crate::fixtures::with_primary as cluster;
 
     #[test]
     fn a_copy_older_than_a_recorded_decision_is_behind_until_the_cache_shows_it() {

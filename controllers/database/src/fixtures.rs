@@ -1,7 +1,9 @@
 //! The cluster the unit tests start from: `orders` in namespace `shop`,
 //! PostgreSQL 17, 1Gi per instance, generation 2.
 
-use cairn_api::database::v1::{DatabaseCluster, DatabaseClusterSpec, PostgresSpec, StorageSpec};
+use cairn_api::database::v1::{
+    DatabaseCluster, DatabaseClusterSpec, DatabaseClusterStatus, PostgresSpec, StorageSpec,
+};
 
 pub fn cluster(instances: i32, parameters: &[(&str, &str)]) -> DatabaseCluster {
     let mut cluster = DatabaseCluster::new(
@@ -46,5 +48,15 @@ pub fn archiving(mut cluster: DatabaseCluster) -> DatabaseCluster {
         }}, "maxPendingWALSize": "1024Mi" }))
         .expect("a valid backup spec"),
     );
+    cluster
+}
+
+/// A cluster of three whose status records `primary` as its primary.
+pub fn with_primary(primary: &str) -> DatabaseCluster {
+    let mut cluster = cluster(3, &[]);
+    cluster.status = Some(DatabaseClusterStatus {
+        current_primary: Some(primary.to_owned()),
+        ..DatabaseClusterStatus::default()
+    });
     cluster
 }

@@ -498,14 +498,7 @@ async fn label_roles(
 mod tests {
     use super::*;
 
-    fn cluster(primary: &str) -> DatabaseCluster {
-        let mut cluster = crate::fixtures::cluster(3, &[]);
-        cluster.status = Some(DatabaseClusterStatus {
-            current_primary: Some(primary.to_owned()),
-            ..DatabaseClusterStatus::default()
-        });
-        cluster
-    }
+    use crate::fixtures::with_primary as cluster;
 
     fn switchover(from: &str, to: &str, at: i64, promoted: bool) -> SwitchoverRecord {
         let time = |s: i64| Time(Timestamp::from_second(s).expect("valid"));

@@ -353,28 +353,13 @@ async fn a_blocked_failover_is_written_once_while_it_waits() {
     });
     let cluster = Arc::new(cluster);
     let (fake, client) = fake_with(&cluster);
-    let lease = |pod: &str, seconds_ago: i64, observed: serde_json::Value| -> Lease {
-        let renewed = Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(seconds_ago);
-        serde_json::from_value(serde_json::json!({
-            "metadata": {
-                "name": pod, "namespace": "shop",
-                "labels": {
-                    "app.kubernetes.io/instance": "orders",
-                    "app.kubernetes.io/component": "membership",
-                },
-                "annotations": { OBSERVED_ANNOTATION: observed.to_string() },
-            },
-            "spec": { "renewTime": renewed.to_string() },
-        }))
-        .expect("a lease")
-    };
     let leases = [
-        lease(
+        member_lease(
             "orders-0",
             60,
             serde_json::json!({ "ready": true, "role": "primary", "timeline": 3 }),
         ),
-        lease(
+        member_lease(
             "orders-1",
             0,
             serde_json::json!({ "ready": true, "role": "replica", "timeline": 2 }),
