@@ -4,21 +4,22 @@
 use std::sync::Arc;
 
 use cairn_api::backup::v1::{
-    ARTIFACT_FINALIZER, Backup, BackupDeletionPolicy, BackupMethod, BackupPhase, BackupStatus,
+    ARTIFACT_FINALIZER, Backup, BackupDeletionPolicy, BackupMethod, BackupPhase,
 };
 use cairn_api::database::instance::{CLUSTER_LABEL, OBSERVED_ANNOTATION, ObservedState};
 use cairn_api::database::v1::{DatabaseCluster, DatabaseClusterPhase};
+use cairn_runtime::apply;
+use cairn_runtime::events::publish;
 use cairn_runtime::finalizers;
 use cairn_runtime::manager::Recheck;
 use cairn_storage::StorageError;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::api::PostParams;
+use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
-use serde_json::json;
 
 use crate::MANAGER;
 use crate::artifact::{self, Cleanup, Holds};
@@ -45,22 +46,17 @@ pub struct Context {
     pub recorder: Recorder,
     pub caches: Caches,
     pub metrics: BackupMetrics,
-    /// Every schedule's status write, remembered against a lagging cache.
+    /// Every status write, remembered against a lagging cache.
     pub applier: cairn_runtime::apply::Applier,
 }
 
 impl Context {
-    /// Every `period`, the gauges from the caches.
-    pub async fn housekeeping(context: Arc<Self>, period: std::time::Duration) {
-        let mut every = tokio::time::interval(period);
-        loop {
-            every.tick().await;
-            let backups = context.caches.backups.state();
-            context.metrics.refresh(&backups);
-            context
-                .metrics
-                .refresh_schedules(&context.caches.schedules.state(), &backups);
-        }
+    /// The gauges refreshed from the caches (every few seconds).
+    pub fn housekeeping(&self) {
+        let backups = self.caches.backups.state();
+        self.metrics.refresh(&backups);
+        self.metrics
+            .refresh_schedules(&self.caches.schedules.state(), &backups);
     }
 
     /// The Backup's cluster, its instances and its other running Backups,
@@ -214,7 +210,18 @@ pub async fn reconcile(backup: Arc<Backup>, ctx: Arc<Context>) -> Result<Recheck
     let decision = plan::decide(&backup, &world);
     let mut current = (*backup).clone();
     if let Some(status) = plan::status(&backup, &decision, now) {
-        current = write_status(&api, &backup, &status).await?;
+        // Conditioned on the version read: a status decided from a cache
+        // that lags another write is refused (409, retried once the cache
+        // caught up) rather than undoing that write.
+        let written = ctx
+            .applier
+            .apply_status_at_version(&api, MANAGER, &*backup, &status)
+            .await?;
+        let Some(written) = written else {
+            // Written already over the version the cache shows: it lags.
+            return Ok(Recheck::Within(std::time::Duration::from_millis(500)));
+        };
+        current = written;
         ctx.metrics.finished(&decision);
         announce(&ctx.recorder, &backup, &decision).await;
     }
@@ -229,30 +236,6 @@ pub async fn reconcile(backup: Arc<Backup>, ctx: Arc<Context>) -> Result<Recheck
             None => Recheck::AfterResync,
         },
     )
-}
-
-/// Applies the whole status, on the condition that the Backup is still the
-/// version `backup` was read at: a status decided from a cache that lags
-/// this controller's own last write is refused (409, retried once the
-/// cache caught up) rather than undoing that write. The Backup as written.
-async fn write_status(
-    api: &Api<Backup>,
-    backup: &Backup,
-    status: &BackupStatus,
-) -> Result<Backup, Error> {
-    let patch = json!({
-        "apiVersion": "backup.cairn.dev/v1",
-        "kind": "Backup",
-        "metadata": { "resourceVersion": backup.resource_version() },
-        "status": status,
-    });
-    Ok(api
-        .patch_status(
-            &backup.name_any(),
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await?)
 }
 
 /// A completed Backup's restore verification (`verify.rs`): its pod
@@ -276,7 +259,14 @@ async fn verification(
     // the deadline) before its pod exists, and an outcome before its pod
     // goes; a stale cache fails the write and starts or deletes nothing.
     if let Some(status) = verify::status(backup, &step, now) {
-        write_status(api, backup, &status).await?;
+        let written = ctx
+            .applier
+            .apply_status_at_version(api, MANAGER, backup, &status)
+            .await?;
+        if written.is_none() {
+            // Written already over the version the cache shows: it lags.
+            return Ok(Some(std::time::Duration::from_millis(500)));
+        }
         let object = backup.object_ref(&());
         match &step {
             Step::Start(_) => {
@@ -308,12 +298,9 @@ async fn verification(
         },
         // Only this Backup's own pod, never one that took its name.
         Step::Record(_) | Step::Clean | Step::Withdraw if ours => {
-            match pods.delete(&name, &DeleteParams::background()).await {
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
-                deleted => {
-                    deleted?;
-                }
-            }
+            let uid = pod.as_deref().and_then(|p| p.uid());
+            let background = Some(kube::api::PropagationPolicy::Background);
+            apply::delete_exactly(&pods, &name, uid, background).await?;
         }
         _ => {}
     }
@@ -475,24 +462,6 @@ async fn announce(recorder: &Recorder, backup: &Backup, decision: &Decision) {
         _ => return,
     };
     publish(recorder, &backup.object_ref(&()), type_, &reason, note).await;
-}
-
-/// Publishes an Event on `object` (a failure to is logged, never fatal).
-pub async fn publish(
-    recorder: &Recorder,
-    object: &ObjectReference,
-    type_: EventType,
-    reason: &str,
-    note: String,
-) {
-    let event = Event {
-        type_,
-        reason: reason.to_owned(),
-        note: Some(note),
-        action: "Backup".into(),
-        secondary: None,
-    };
-    cairn_runtime::events::publish_event(recorder, object, &event).await;
 }
 
 #[cfg(test)]

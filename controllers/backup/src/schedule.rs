@@ -17,7 +17,7 @@ use kube::{Api, Resource, ResourceExt};
 
 use crate::MANAGER;
 use crate::artifact::{self, Window};
-use crate::backup::{self, Context};
+use crate::backup::Context;
 use crate::error::Error;
 use crate::plan::{self, Decision};
 use crate::schedule_plan::{self, Storage, Timing};
@@ -192,7 +192,7 @@ async fn announce(
     reason: &str,
     note: String,
 ) {
-    backup::publish(
+    cairn_runtime::events::publish(
         &ctx.recorder,
         &schedule.object_ref(&()),
         type_,

@@ -69,10 +69,10 @@ pub fn controllers(manager: &mut Manager) -> Result<Vec<Runnable>, prometheus::E
         metrics,
         applier: Default::default(),
     });
-    tokio::spawn(Context::housekeeping(
-        context.clone(),
-        std::time::Duration::from_secs(10),
-    ));
+    let housekeeper = context.clone();
+    manager.every(std::time::Duration::from_secs(10), move || {
+        housekeeper.housekeeping()
+    });
     Ok(vec![
         manager.runnable(
             Controller::for_shared_stream(backups.trigger_on_spec_change(), store)

@@ -14,12 +14,13 @@ use cairn_api::cloud::v1alpha1::{
 use cairn_runtime::conditions::{self, Time};
 use cairn_runtime::errors::ErrorClass;
 use cairn_runtime::manager::{Classify, Recheck};
-use cairn_runtime::{apply, finalizers};
+use cairn_runtime::{apply, events, finalizers};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use k8s_openapi::{ByteString, NamespaceResourceScope};
 use kube::api::{Patch, PatchParams};
+use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::Serialize;
@@ -152,6 +153,8 @@ pub struct Context {
     pub metrics: CloudMetrics,
     /// Every status write, remembered against a lagging cache.
     pub applier: apply::Applier,
+    /// Announces each condition's transitions.
+    pub recorder: Recorder,
 }
 
 impl Context {
@@ -162,6 +165,7 @@ impl Context {
         metrics: CloudMetrics,
     ) -> Self {
         Self {
+            recorder: Recorder::new(client.clone(), MANAGER.into()),
             client,
             provider_configs,
             providers: Mutex::new(HashMap::new()),
@@ -270,7 +274,7 @@ pub async fn reconcile<M: Managed>(object: Arc<M>, ctx: Arc<Context>) -> Result<
                 "ReconcilePaused",
                 "paused: remove the annotation to resume",
             );
-            report.write(&ctx.applier, &api, &*object).await?;
+            report.write(&ctx, &api, &*object).await?;
             return Ok(Recheck::AfterResync);
         }
         Some(_) => {
@@ -283,7 +287,7 @@ pub async fn reconcile<M: Managed>(object: Arc<M>, ctx: Arc<Context>) -> Result<
         Ok(provider) => provider,
         Err(Error::Provider(unusable)) => {
             Report::synced(false, "ProviderConfigUnusable", &unusable.0)
-                .write(&ctx.applier, &api, &*object)
+                .write(&ctx, &api, &*object)
                 .await?;
             return Err(unusable.into());
         }
@@ -306,20 +310,20 @@ pub async fn reconcile<M: Managed>(object: Arc<M>, ctx: Arc<Context>) -> Result<
                 }
                 _ => report,
             };
-            report.write(&ctx.applier, &api, &*object).await?;
+            report.write(&ctx, &api, &*object).await?;
             published?;
             Ok(recheck.unwrap_or_else(|| Recheck::Within(poll_interval(&*object, ctx.poll))))
         }
         Err(Error::Cloud(e)) => {
             Report::synced(false, e.reason(), &e.to_string())
-                .write(&ctx.applier, &api, &*object)
+                .write(&ctx, &api, &*object)
                 .await?;
             Err(e.into())
         }
         Err(Error::Refused(message)) => {
             Report::synced(false, "NotOwned", &message)
                 .ready(false, "NotOwned", &message)
-                .write(&ctx.applier, &api, &*object)
+                .write(&ctx, &api, &*object)
                 .await?;
             Err(Error::Refused(message))
         }
@@ -575,6 +579,9 @@ fn poll_interval(object: &impl Managed, default: Duration) -> Duration {
     base.mul_f64(rand::random_range(0.9..1.1))
 }
 
+/// The reasons of `Ready=False` that are work under way, not problems.
+const IN_PROGRESS: &[&str] = &["Creating", "Updating", "Deleting"];
+
 /// The conditions and observations one reconcile reports.
 #[derive(Debug, Default)]
 struct Report {
@@ -615,7 +622,7 @@ impl Report {
     /// this controller owns); nothing at steady state.
     async fn write<M: Managed>(
         self,
-        applier: &apply::Applier,
+        ctx: &Context,
         api: &Api<M>,
         object: &M,
     ) -> Result<(), kube::Error> {
@@ -646,7 +653,21 @@ impl Report {
         if status == previous {
             return Ok(());
         }
-        applier.apply_status(api, MANAGER, object, &status).await?;
+        let written = ctx
+            .applier
+            .apply_status(api, MANAGER, object, &status)
+            .await?;
+        if written.is_some() {
+            let reference = object.object_ref(&());
+            events::announce_transitions(
+                &ctx.recorder,
+                &reference,
+                &previous.conditions,
+                &status.conditions,
+                IN_PROGRESS,
+            )
+            .await;
+        }
         Ok(())
     }
 }

@@ -62,12 +62,12 @@ fn synced(write: &Recorded) -> serde_json::Value {
 #[tokio::test]
 async fn a_missing_provider_config_is_reported_and_waited_for() {
     let (fake, context) = harness(&[]);
-    let error = reconcile(Arc::new(bucket()), context)
+    let error = reconcile(Arc::new(bucket()), context.clone())
         .await
         .expect_err("nothing to reconcile with");
     assert_eq!(error.class(), ErrorClass::DependencyNotReady, "{error:?}");
     let writes = fake.writes();
-    assert_eq!(writes.len(), 1, "only the status: {writes:#?}");
+    assert_eq!(writes.len(), 2, "the status and its Event: {writes:#?}");
     assert!(writes[0].is_status_write());
     let condition = synced(&writes[0]);
     assert_eq!(condition["status"], "False");
@@ -78,6 +78,20 @@ async fn a_missing_provider_config_is_reported_and_waited_for() {
             .is_some_and(|m| m.contains("ProviderConfig aws")),
         "{condition}"
     );
+    // The transition is announced, as a Warning on the bucket.
+    let event = &writes[1];
+    assert!(event.path.contains("/events"), "{event:?}");
+    assert_eq!(event.body["type"], "Warning");
+    assert_eq!(event.body["reason"], "ProviderConfigUnusable");
+    assert_eq!(event.body["regarding"]["name"], bucket().name_any());
+
+    // Reconciled again from the bucket as written: nothing new to say.
+    let written = Api::<ObjectBucket>::namespaced(context.client.clone(), "shop")
+        .get("backups")
+        .await
+        .expect("the bucket");
+    let _ = reconcile(Arc::new(written), context).await;
+    assert_eq!(fake.writes().len(), 2, "no status and no Event again");
 }
 
 /// The credentials Secret cannot be read (a 500): retried, and nothing is

@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use kube::runtime::reflector::Store;
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
-use tokio::task::JoinHandle;
 
 use crate::driver::Managed;
 
@@ -74,25 +73,22 @@ impl CloudMetrics {
     }
 }
 
-/// Keeps `cairn_managed_resources` current for the objects in `store`.
-pub fn count_by_ready<M: Managed>(gauge: IntGaugeVec, store: Store<M>) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        let kind = M::kind(&());
-        let mut every = tokio::time::interval(COUNT_INTERVAL);
-        loop {
-            every.tick().await;
-            let mut counts = BTreeMap::from([("True", 0), ("False", 0), ("Unknown", 0)]);
-            for object in store.state() {
-                *counts.entry(ready_status(&*object)).or_default() += 1;
-            }
-            for (ready, count) in counts {
-                gauge.with_label_values(&[&kind, ready]).set(count);
-            }
+/// The task that keeps `cairn_managed_resources` current for the objects
+/// in `store`, run every [`COUNT_INTERVAL`] by the manager.
+pub fn count_by_ready<M: Managed>(gauge: IntGaugeVec, store: Store<M>) -> impl FnMut() + Send {
+    let kind = M::kind(&());
+    move || {
+        let mut counts = BTreeMap::from([("True", 0), ("False", 0), ("Unknown", 0)]);
+        for object in store.state() {
+            *counts.entry(ready_status(&*object)).or_default() += 1;
         }
-    })
+        for (ready, count) in counts {
+            gauge.with_label_values(&[&kind, ready]).set(count);
+        }
+    }
 }
 
-const COUNT_INTERVAL: Duration = Duration::from_secs(10);
+pub const COUNT_INTERVAL: Duration = Duration::from_secs(10);
 
 fn ready_status(object: &impl Managed) -> &'static str {
     let ready = object

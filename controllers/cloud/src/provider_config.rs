@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use cairn_api::cloud::v1alpha1::{CloudStatus, DnsRecord, ObjectBucket, ProviderConfig};
 use cairn_runtime::conditions::{self, Time};
-use cairn_runtime::finalizers;
 use cairn_runtime::manager::Recheck;
+use cairn_runtime::{events, finalizers};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -266,9 +266,22 @@ async fn write_status(
     if status == previous {
         return Ok(());
     }
-    ctx.applier
+    let written = ctx
+        .applier
         .apply_status(api, MANAGER, config, &status)
         .await?;
+    if written.is_some() {
+        let reference = config.object_ref(&());
+        events::announce_transitions(
+            &ctx.recorder,
+            &reference,
+            &previous.conditions,
+            &status.conditions,
+            // No object using it is no problem.
+            &["Unused"],
+        )
+        .await;
+    }
     Ok(())
 }
 

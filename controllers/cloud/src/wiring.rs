@@ -47,8 +47,10 @@ pub fn controllers(manager: &mut Manager) -> Result<Vec<Runnable>, prometheus::E
         POLL,
         metrics.clone(),
     ));
-    metrics::count_by_ready(metrics.resources.clone(), bucket_store.clone());
-    metrics::count_by_ready(metrics.resources.clone(), record_store.clone());
+    let count_buckets = metrics::count_by_ready(metrics.resources.clone(), bucket_store.clone());
+    let count_records = metrics::count_by_ready(metrics.resources.clone(), record_store.clone());
+    manager.every(metrics::COUNT_INTERVAL, count_buckets);
+    manager.every(metrics::COUNT_INTERVAL, count_records);
     let users = Users::new(bucket_store.clone(), record_store.clone());
     let (bucket_changes, bucket_users) = buckets.trigger_on_spec_change_for_two();
     let (record_changes, record_users) = records.trigger_on_spec_change_for_two();

@@ -16,8 +16,10 @@ use cairn_cloud_controller::provider_config::{CREDENTIALS_FINALIZER, IN_USE_FINA
 use cairn_testing::faults::FaultProxy;
 use cairn_testing::{Error, audit, cluster, s3, wait};
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::events::v1::Event;
 use kube::api::{
-    ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, ValidationDirective,
+    ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+    ValidationDirective,
 };
 use kube::{Api, ResourceExt};
 use serde_json::json;
@@ -58,6 +60,36 @@ async fn object_buckets_follow_their_policies() -> Result {
         .cloned()
         .ok_or("no external name")?;
     assert!(ready.finalizers().iter().any(|f| f == FINALIZER));
+    // Its becoming available is announced, with the chart's RBAC; its
+    // creation under way is no news.
+    let events = namespace.api::<Event>();
+    let announced = wait::until("the Available Event", TIMEOUT, || async {
+        let list = events
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let about_data: Vec<(String, String)> = list
+            .items
+            .iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("data"))
+            .map(|e| {
+                (
+                    e.type_.clone().unwrap_or_default(),
+                    e.reason.clone().unwrap_or_default(),
+                )
+            })
+            .collect();
+        Ok(about_data
+            .iter()
+            .any(|(_, reason)| reason == "Available")
+            .then_some(about_data))
+    })
+    .await?;
+    assert_eq!(
+        announced,
+        [("Normal".to_owned(), "Available".to_owned())],
+        "one Event, Normal"
+    );
     let tags = s3.get_bucket_tagging().bucket(&name).send().await?.tag_set;
     assert!(
         tags.iter()

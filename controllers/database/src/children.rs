@@ -15,6 +15,7 @@ use crate::MANAGER;
 use crate::context::{Context, cached_child};
 use crate::desired::{Child, Desired, Instances};
 use crate::error::Error;
+use cairn_runtime::apply::delete_exactly;
 
 /// Applies every child in `desired` that differs from its cached copy, the
 /// StatefulSet last; returns the StatefulSet as the API server last
@@ -109,34 +110,6 @@ async fn orphan_stateful_set(ctx: &Context, old: &StatefulSet) -> Result<(), Err
         tracing::info!(stateful_set = %name, "replacing the StatefulSet for its pod management policy; its pods keep running");
     }
     Ok(())
-}
-
-/// Deletes `name` only while it is still the object with `uid`. Returns
-/// whether this call deleted it: one already gone (404) or replaced by a
-/// new object of the same name (409, the precondition) is no error, and
-/// the new one is never touched.
-pub(crate) async fn delete_exactly<K>(
-    api: &Api<K>,
-    name: &str,
-    uid: Option<String>,
-    propagation_policy: Option<kube::api::PropagationPolicy>,
-) -> Result<bool, Error>
-where
-    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let params = kube::api::DeleteParams {
-        propagation_policy,
-        preconditions: Some(kube::api::Preconditions {
-            uid,
-            resource_version: None,
-        }),
-        ..kube::api::DeleteParams::default()
-    };
-    match api.delete(name, &params).await {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(false),
-        Err(e) => Err(e.into()),
-    }
 }
 
 /// Applies `desired` unless the cache shows it as it is; returns it as

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cairn_api::database::v1::{DatabaseCluster, FailoverRecord, SwitchoverRecord};
+use cairn_api::database::v1::DatabaseCluster;
 use cairn_runtime::apply::Applier;
 use cairn_runtime::events;
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -34,9 +34,8 @@ pub struct Context {
     /// seen not serving: this process's clock, so a restart of the controller
     /// can only delay a failover, never hasten one.
     pub not_serving_since: Mutex<HashMap<String, (String, Instant)>>,
-    /// Decisions recorded and not yet seen in the cache (see `Decisions`).
-    pub decisions: Decisions,
-    /// Every apply and status write, remembered against a lagging cache.
+    /// Every apply and status write, remembered against a lagging cache,
+    /// and the decisions recorded that the cache has not shown yet.
     pub applier: Applier,
     /// How old a replaced StatefulSet's successor must be before its
     /// leftover pods are deleted (see `leftovers.rs`).
@@ -56,7 +55,6 @@ impl Context {
             caches,
             metrics,
             not_serving_since: Mutex::default(),
-            decisions: Decisions::default(),
             applier: Applier::default(),
             collector_grace: leftovers::COLLECTOR_GRACE,
         }
@@ -81,19 +79,11 @@ impl Context {
         events::publish(&self.recorder, &reference, type_, reason, note).await;
     }
 
-    /// Every `period`: the per-cluster gauges refreshed from the cache, and
-    /// what this process remembers of deleted clusters dropped.
-    pub async fn housekeeping(
-        context: Arc<Self>,
-        clusters: Store<DatabaseCluster>,
-        period: Duration,
-    ) {
-        let mut every = tokio::time::interval(period);
-        loop {
-            every.tick().await;
-            context.metrics.refresh(&clusters.state());
-            context.forget_missing(&clusters);
-        }
+    /// The per-cluster gauges refreshed from the cache, and what this
+    /// process remembers of deleted clusters dropped (every few seconds).
+    pub fn housekeeping(&self, clusters: &Store<DatabaseCluster>) {
+        self.metrics.refresh(&clusters.state());
+        self.forget_missing(clusters);
     }
 
     /// Drops what this process remembers of clusters that are gone, so memory
@@ -110,68 +100,6 @@ impl Context {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .retain(|key, _| exists(key));
-        self.decisions
-            .0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|key, _| exists(key));
-    }
-}
-
-/// The decisions (primary, failover, switchover) this process recorded and
-/// its cache of clusters has not shown yet, by `namespace/name`. A
-/// reconcile of an older copy would undo them: relabel the old primary, or
-/// fail over a second time.
-#[derive(Default)]
-pub struct Decisions(Mutex<HashMap<String, (Recorded, Instant)>>);
-
-/// How long a recorded decision may wait for the cache to show it; past
-/// that, something else changed the status since, and the reconcile goes
-/// on from the cache.
-const CACHE_LAG_LIMIT: Duration = Duration::from_secs(10);
-
-/// What a recorded decision left in the status.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Recorded {
-    current_primary: Option<String>,
-    last_failover: Option<FailoverRecord>,
-    last_switchover: Option<SwitchoverRecord>,
-}
-
-impl Recorded {
-    pub(crate) fn of(cluster: &DatabaseCluster) -> Self {
-        let status = cluster.status.as_ref();
-        Self {
-            current_primary: status.and_then(|s| s.current_primary.clone()),
-            last_failover: status.and_then(|s| s.last_failover.clone()),
-            last_switchover: status.and_then(|s| s.last_switchover.clone()),
-        }
-    }
-}
-
-impl Decisions {
-    /// Remembers what a status write left: always for a decision, and for
-    /// any later write while a decision awaits the cache.
-    pub(crate) fn written(&self, written: &DatabaseCluster, decision: bool) {
-        let mut decisions = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let key = key(written);
-        if decision || decisions.contains_key(&key) {
-            decisions.insert(key, (Recorded::of(written), Instant::now()));
-        }
-    }
-
-    /// Whether `cluster` is older than a decision recorded for it; forgets
-    /// the decision once the cache shows it.
-    pub(crate) fn is_behind(&self, cluster: &DatabaseCluster) -> bool {
-        let mut decisions = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let key = key(cluster);
-        let behind = decisions.get(&key).is_some_and(|(recorded, at)| {
-            *recorded != Recorded::of(cluster) && at.elapsed() < CACHE_LAG_LIMIT
-        });
-        if !behind {
-            decisions.remove(&key);
-        }
-        behind
     }
 }
 
@@ -277,29 +205,4 @@ where
 {
     let namespace = cluster.namespace().unwrap_or_default();
     cache.get(&ObjectRef::new(name).within(&namespace))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    use crate::fixtures::with_primary as cluster;
-
-    #[test]
-    fn a_copy_older_than_a_recorded_decision_is_behind_until_the_cache_shows_it() {
-        let decisions = Decisions::default();
-        assert!(!decisions.is_behind(&cluster("orders-0")));
-        decisions.written(&cluster("orders-1"), true);
-        assert!(decisions.is_behind(&cluster("orders-0")));
-        assert!(!decisions.is_behind(&cluster("orders-1")));
-        // Forgotten once seen: a later change by anyone is the truth.
-        assert!(!decisions.is_behind(&cluster("orders-0")));
-    }
-
-    #[test]
-    fn a_plain_status_write_records_nothing() {
-        let decisions = Decisions::default();
-        decisions.written(&cluster("orders-1"), false);
-        assert!(!decisions.is_behind(&cluster("orders-0")));
-    }
 }

@@ -24,6 +24,21 @@ use kube::ResourceExt;
 /// are up).
 pub const COLLECTOR_GRACE: Duration = Duration::from_secs(60);
 
+/// `CAIRN_COLLECTOR_GRACE_SECONDS`, or [`COLLECTOR_GRACE`] without it: how
+/// long the garbage collector gets to delete a replaced StatefulSet's pods
+/// before the controller does.
+pub fn collector_grace_from_env() -> Result<Duration, String> {
+    match std::env::var("CAIRN_COLLECTOR_GRACE_SECONDS") {
+        Err(_) => Ok(COLLECTOR_GRACE),
+        Ok(value) => match value.parse::<u64>() {
+            Ok(seconds) if seconds > 0 => Ok(Duration::from_secs(seconds)),
+            _ => Err(format!(
+                "CAIRN_COLLECTOR_GRACE_SECONDS={value}: a whole number of seconds, at least 1"
+            )),
+        },
+    }
+}
+
 /// A pod to delete: its name and uid (the precondition of the delete).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Leftover {

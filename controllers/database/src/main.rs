@@ -25,21 +25,6 @@ async fn main() -> ExitCode {
     })
 }
 
-/// `CAIRN_COLLECTOR_GRACE_SECONDS`: how long the garbage collector gets to
-/// delete a replaced StatefulSet's pods before the controller does (60 s
-/// by default; see `leftovers.rs`).
-fn collector_grace() -> Result<Duration, String> {
-    match std::env::var("CAIRN_COLLECTOR_GRACE_SECONDS") {
-        Err(_) => Ok(leftovers::COLLECTOR_GRACE),
-        Ok(value) => match value.parse::<u64>() {
-            Ok(seconds) if seconds > 0 => Ok(Duration::from_secs(seconds)),
-            _ => Err(format!(
-                "CAIRN_COLLECTOR_GRACE_SECONDS={value}: a whole number of seconds, at least 1"
-            )),
-        },
-    }
-}
-
 async fn run() -> Result<ExitCode, Box<dyn std::error::Error>> {
     let mut manager = Manager::start(INFO, Config::load()).await?;
     let router = webhook::router(manager.metrics.clone());
@@ -49,13 +34,12 @@ async fn run() -> Result<ExitCode, Box<dyn std::error::Error>> {
     let recorder = Recorder::new(manager.client.clone(), MANAGER.into());
     let context = Arc::new(
         Context::new(manager.client.clone(), recorder, caches, metrics)
-            .with_collector_grace(collector_grace()?),
+            .with_collector_grace(leftovers::collector_grace_from_env()?),
     );
-    tokio::spawn(Context::housekeeping(
-        context.clone(),
-        clusters,
-        Duration::from_secs(10),
-    ));
+    let housekeeper = context.clone();
+    manager.every(Duration::from_secs(10), move || {
+        housekeeper.housekeeping(&clusters)
+    });
     let code = manager.run(controller, reconcile::reconcile, context).await;
     if let Some(webhook) = webhook {
         webhook.shutdown();

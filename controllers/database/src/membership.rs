@@ -304,57 +304,20 @@ async fn unfence(
     Ok(())
 }
 
-/// Writes a decision into the status at once (a merge patch of `fields`),
-/// before acting on it: a crash in between repeats the decision, never
-/// forgets it. Each field replaces the recorded one whole (see `replacing`).
+/// Writes a decision into the status at once, before acting on it: a crash
+/// in between repeats the decision, never forgets it; reconciles from a
+/// cache that has not shown it yet wait for it.
 async fn record_decision(
     ctx: &Context,
     cluster: &DatabaseCluster,
     fields: serde_json::Value,
 ) -> Result<(), Error> {
-    let namespace = cluster.namespace().unwrap_or_default();
-    let previous = serde_json::to_value(&cluster.status).map_err(kube::Error::SerdeError)?;
-    let recorded = Api::<DatabaseCluster>::namespaced(ctx.client.clone(), &namespace)
-        .patch_status(
-            &cluster.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "status": replacing(&previous, fields) })),
-        )
-        .await?;
-    ctx.decisions.written(&recorded, true);
+    let api = Api::<DatabaseCluster>::namespaced(
+        ctx.client.clone(),
+        &cluster.namespace().unwrap_or_default(),
+    );
+    ctx.applier.record_in_status(&api, cluster, fields).await?;
     Ok(())
-}
-
-/// A merge patch of status `fields` that replaces each of them whole. A
-/// merge patch keeps whatever an object in it does not name, and a record
-/// leaves its unset fields out: a new switchover written over a finished one
-/// would inherit its `promotedAt` and read as done before it began. So every
-/// field the previous value has and the new one lacks is set to null.
-fn replacing(previous_status: &serde_json::Value, fields: serde_json::Value) -> serde_json::Value {
-    fn replace(previous: Option<&serde_json::Value>, next: serde_json::Value) -> serde_json::Value {
-        let (Some(serde_json::Value::Object(old)), serde_json::Value::Object(mut new)) =
-            (previous, next.clone())
-        else {
-            return next;
-        };
-        for (key, value) in &mut new {
-            *value = replace(old.get(key), value.take());
-        }
-        for key in old.keys() {
-            new.entry(key.clone()).or_insert(serde_json::Value::Null);
-        }
-        serde_json::Value::Object(new)
-    }
-    match fields {
-        serde_json::Value::Object(fields) => fields
-            .into_iter()
-            .map(|(key, value)| {
-                let value = replace(previous_status.get(&key), value);
-                (key, value)
-            })
-            .collect(),
-        other => other,
-    }
 }
 
 /// Takes the next step of a requested switchover (see `switchover.rs`).
@@ -516,7 +479,10 @@ mod tests {
     fn recorded(before: &DatabaseCluster, fields: serde_json::Value) -> DatabaseClusterStatus {
         let previous = serde_json::to_value(&before.status).expect("serialisable");
         let mut status = previous.clone();
-        json_patch::merge(&mut status, &replacing(&previous, fields));
+        json_patch::merge(
+            &mut status,
+            &cairn_runtime::apply::replacing(&previous, fields),
+        );
         serde_json::from_value(status).expect("a status")
     }
 

@@ -14,7 +14,6 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 
 use crate::build;
-use crate::children::delete_exactly;
 use crate::context::{Context, Observed};
 use crate::error::Error;
 use crate::leftovers;
@@ -22,6 +21,7 @@ use crate::membership::primary;
 use crate::rollout;
 use crate::switchover;
 use crate::tokens;
+use cairn_runtime::apply::delete_exactly;
 
 /// Deletes the instance pods a replaced StatefulSet left behind once the
 /// garbage collector has had its grace (see `leftovers.rs`); when to look

@@ -43,7 +43,7 @@ pub async fn reconcile(cluster: Arc<DatabaseCluster>, ctx: Arc<Context>) -> Resu
         // Owner references hand the children to the garbage collector.
         return Ok(Recheck::AfterResync);
     }
-    if ctx.decisions.is_behind(&cluster) {
+    if ctx.applier.is_behind_record(&*cluster) {
         // The watch delivers the recorded decision within moments.
         return Ok(Recheck::Within(Duration::from_millis(200)));
     }
@@ -226,20 +226,15 @@ async fn write_status(
         ctx.client.clone(),
         &cluster.namespace().unwrap_or_default(),
     );
-    let Some(written) = ctx
+    let written = ctx
         .applier
         .apply_status(&api, MANAGER, cluster, &status)
-        .await?
-    else {
-        // Written already over the version the cache shows (it lags).
-        return Ok(());
-    };
-    ctx.decisions.written(&written, false);
-    let reference = cluster.object_ref(&());
-    for event in transition_events(previous, &status) {
-        if let Err(e) = ctx.recorder.publish(&event, &reference).await {
-            // An Event is a courtesy; losing one must not fail the reconcile.
-            tracing::warn!(error = %e, "could not publish an Event");
+        .await?;
+    // None: written already over the version the cache shows (it lags).
+    if written.is_some() {
+        let reference = cluster.object_ref(&());
+        for event in transition_events(previous, &status) {
+            events::publish_event(&ctx.recorder, &reference, &event).await;
         }
     }
     Ok(())

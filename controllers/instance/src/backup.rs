@@ -28,7 +28,7 @@ use tokio::sync::watch;
 
 use crate::children::Children;
 use crate::config::Config;
-use crate::error::sql_message;
+use crate::error::{Context, Error};
 use crate::observe::Role;
 use crate::state::State;
 
@@ -190,7 +190,7 @@ impl Taker {
             }
             Err(message) => {
                 tracing::warn!(backup = %request.name, %id, %message, "backup failed");
-                failed(request, id.as_str(), message)
+                failed(request, id.as_str(), message.to_string())
             }
         }
     }
@@ -202,7 +202,7 @@ impl Taker {
         method: BackupMethod,
         id: &BackupId,
         progress: &mut BackupProgress,
-    ) -> Result<Manifest, String> {
+    ) -> Result<Manifest, Error> {
         let started_at = Timestamp::now().to_string();
         // Where a dump stands in the WAL: the position it was taken at.
         let before = self.state.status();
@@ -218,9 +218,10 @@ impl Taker {
         let mut child = self
             .children
             .spawn_piped(&mut command)
-            .map_err(|e| format!("cannot start {program}: {e}"))?;
-        let stdout = child.stdout.take().ok_or("no stdout")?;
-        let mut stderr = child.stderr.take().ok_or("no stderr")?;
+            .context(|| format!("cannot start {program}"))?;
+        let piped = |what: &str| Error::Program(format!("no {what}"));
+        let stdout = child.stdout.take().ok_or_else(|| piped("stdout"))?;
+        let mut stderr = child.stderr.take().ok_or_else(|| piped("stderr"))?;
         let log = tokio::task::spawn_blocking(move || {
             let mut text = String::new();
             let _ = stderr.read_to_string(&mut text);
@@ -239,22 +240,22 @@ impl Taker {
         let log = log.await.unwrap_or_default();
         // The bucket's failure first: it breaks pg_basebackup's pipe, and
         // "broken pipe" would hide the cause.
-        let file = uploaded.map_err(|e| e.summary())?;
+        let file = uploaded?;
         if !exit.success() {
             // What it wrote before failing was stored (its stdout closed):
             // no manifest makes it a backup, but it is removed all the same.
             let _ = store.delete(id).await;
-            return Err(format!(
+            return Err(Error::Program(format!(
                 "{program} failed ({exit}): {}",
                 last_lines(&log, 3)
-            ));
+            )));
         }
         let range = match method {
             BackupMethod::Physical => WalRange::parse(&log).ok_or_else(|| {
-                format!(
+                Error::Program(format!(
                     "pg_basebackup did not report its WAL range: {}",
                     last_lines(&log, 3)
-                )
+                ))
             })?,
             BackupMethod::Logical => {
                 let position = before.wal_position.unwrap_or_default();
@@ -285,10 +286,7 @@ impl Taker {
             server_version: self.state.status().server_version,
             files: vec![file],
         };
-        store
-            .write_manifest(&manifest)
-            .await
-            .map_err(|e| e.summary())?;
+        store.write_manifest(&manifest).await?;
         Ok(manifest)
     }
 
@@ -302,9 +300,9 @@ impl Taker {
     /// the primary writes a restore point and switches WAL files, and the
     /// manifest is written only once the files from the backup's end to
     /// that switch are archived (the Backup's deadline bounds the wait).
-    async fn until_end_archived(&self, id: &BackupId, range: &WalRange) -> Result<(), String> {
-        let end =
-            contract::parse_lsn(&range.end).ok_or_else(|| format!("not an LSN: {}", range.end))?;
+    async fn until_end_archived(&self, id: &BackupId, range: &WalRange) -> Result<(), Error> {
+        let end = contract::parse_lsn(&range.end)
+            .ok_or_else(|| Error::Program(format!("not an LSN: {}", range.end)))?;
         let mut attempt = 0;
         let switched = loop {
             match self.switch_primary_wal(id).await {
@@ -314,7 +312,9 @@ impl Taker {
                     tracing::warn!(error = %e, "cannot make the primary switch WAL files; retrying");
                     tokio::time::sleep(self.config.poll().max(Duration::from_secs(1))).await;
                 }
-                Err(e) => return Err(format!("the backup's end cannot be archived: {e}")),
+                Err(e) => {
+                    return Err(e).context(|| "the backup's end cannot be archived".to_owned());
+                }
             }
         };
         let mut waiting = needed_segments(range.timeline, end, &switched)?;
@@ -328,7 +328,7 @@ impl Taker {
             for segment in waiting {
                 let mut archived = false;
                 for name in &segment.names {
-                    archived |= self.archive.contains(name).await.map_err(|e| e.summary())?;
+                    archived |= self.archive.contains(name).await?;
                 }
                 if !archived {
                     still.push(segment);
@@ -346,18 +346,18 @@ impl Taker {
     /// point named after the backup (a record after the backup's end, even
     /// when nothing else was written), then a switch to a new WAL file.
     /// The name of the WAL file the switch completed.
-    async fn switch_primary_wal(&self, id: &BackupId) -> Result<String, String> {
+    async fn switch_primary_wal(&self, id: &BackupId) -> Result<String, Error> {
         let password = self
             .config
             .credential(contract::SUPERUSER_PASSWORD_KEY)
-            .map_err(|e| format!("superuser credentials: {e}"))?;
+            .context(|| "superuser credentials".to_owned())?;
         let local = self.state.status().role == Some(Role::Primary);
         let host = if local {
             "127.0.0.1".to_owned()
         } else {
             self.config
                 .primary_host()
-                .ok_or("no primary host to switch WAL files on")?
+                .ok_or_else(|| Error::Setup("no primary host to switch WAL files on".to_owned()))?
         };
         let mut config = tokio_postgres::Config::new();
         config
@@ -377,18 +377,17 @@ impl Taker {
             let (client, connection) = config
                 .connect(tokio_postgres::NoTls)
                 .await
-                .map_err(|e| format!("connecting to this server: {}", sql_message(&e)))?;
+                .context(|| "connecting to this server".to_owned())?;
             tokio::spawn(connection);
             client
         } else {
-            let tls = crate::tls::Tls::new(&self.config.tls_dir, &self.config.run_dir)
-                .connector()
-                .map_err(|e| e.to_string())?;
+            let tls =
+                crate::tls::Tls::new(&self.config.tls_dir, &self.config.run_dir).connector()?;
             let (client, connection) = config
                 .ssl_mode(tokio_postgres::config::SslMode::Require)
                 .connect(tls)
                 .await
-                .map_err(|e| format!("connecting to the primary {host}: {}", sql_message(&e)))?;
+                .context(|| format!("connecting to the primary {host}"))?;
             tokio::spawn(connection);
             client
         };
@@ -396,11 +395,11 @@ impl Taker {
         client
             .execute("SELECT pg_create_restore_point($1)", &[&point])
             .await
-            .map_err(|e| format!("writing a restore point on {host}: {}", sql_message(&e)))?;
+            .context(|| format!("writing a restore point on {host}"))?;
         let row = client
             .query_one("SELECT pg_walfile_name(pg_switch_wal())", &[])
             .await
-            .map_err(|e| format!("switching WAL files on {host}: {}", sql_message(&e)))?;
+            .context(|| format!("switching WAL files on {host}"))?;
         Ok(row.get(0))
     }
 
@@ -409,7 +408,7 @@ impl Taker {
     /// loopback. On a standby it reads one snapshot of the replica; a
     /// replay conflict that cancels it fails the backup with PostgreSQL's
     /// words.
-    fn dump_command(&self) -> Result<Command, String> {
+    fn dump_command(&self) -> Result<Command, Error> {
         let mut command = self.config.superuser_tool("pg_dump", "cairn-backup")?;
         command.args(["--format=custom", "--compress=0"]);
         Ok(command)
@@ -422,15 +421,14 @@ impl Taker {
     /// `--wal-method=fetch` puts the WAL the backup needs in the tar, so it
     /// restores without the archive: read at the end from the server's
     /// pg_wal, which keeps more meanwhile (`KeepingWal`).
-    fn basebackup_command(&self) -> Result<Command, String> {
-        let user = self
-            .config
-            .credential(contract::REPLICATION_USER_KEY)
-            .map_err(|e| format!("replication credentials: {e}"))?;
-        let password = self
-            .config
-            .credential(contract::REPLICATION_PASSWORD_KEY)
-            .map_err(|e| format!("replication credentials: {e}"))?;
+    fn basebackup_command(&self) -> Result<Command, Error> {
+        let credential = |key: &str| {
+            self.config
+                .credential(key)
+                .context(|| "replication credentials".to_owned())
+        };
+        let user = credential(contract::REPLICATION_USER_KEY)?;
+        let password = credential(contract::REPLICATION_PASSWORD_KEY)?;
         let mut command = Command::new(self.config.program("pg_basebackup"));
         if let Some(rate) = &self.config.backup_max_rate {
             command.arg(format!("--max-rate={rate}"));
@@ -554,8 +552,8 @@ struct Needed {
 /// to `switched`, the file the primary's switch completed (on its
 /// timeline; a file before the backup's end when the primary had
 /// nothing to switch).
-fn needed_segments(timeline: u32, end: u64, switched: &str) -> Result<Vec<Needed>, String> {
-    let invalid = || format!("not a WAL file name: {switched}");
+fn needed_segments(timeline: u32, end: u64, switched: &str) -> Result<Vec<Needed>, Error> {
+    let invalid = || Error::Program(format!("not a WAL file name: {switched}"));
     let part = |range: std::ops::Range<usize>| {
         switched
             .get(range)
@@ -581,7 +579,7 @@ fn needed_segments(timeline: u32, end: u64, switched: &str) -> Result<Vec<Needed
                         segment / 256,
                         segment % 256
                     ))
-                    .map_err(|e| e.to_string())
+                    .map_err(|e| Error::Program(e.to_string()))
                 })
                 .collect::<Result<_, _>>()?;
             Ok(Needed { names })

@@ -9,6 +9,8 @@ use cairn_api::database::instance as contract;
 use cairn_runtime::config::LogFormat;
 use clap::Parser;
 
+use crate::error::{Context, Error};
+
 #[derive(Clone, Debug, Parser)]
 #[command(
     name = "cairn-instance",
@@ -178,10 +180,10 @@ impl Config {
         &self,
         program: &str,
         name: &str,
-    ) -> Result<std::process::Command, String> {
+    ) -> Result<std::process::Command, Error> {
         let read = |key: &str| {
             self.credential(key)
-                .map_err(|e| format!("credentials ({key}): {e}"))
+                .context(|| format!("credentials ({key})"))
         };
         let database = read(contract::DATABASE_KEY)?;
         let password = read(contract::SUPERUSER_PASSWORD_KEY)?;
@@ -227,11 +229,13 @@ impl Config {
     /// Where a restore's replay stops. A time is RFC 3339 here, and is
     /// handed to PostgreSQL with a numeric offset (it takes `Z` for a time
     /// zone abbreviation and refuses it).
-    pub fn restore_target(&self) -> Result<crate::conf::RecoveryTarget, String> {
+    pub fn restore_target(&self) -> Result<crate::conf::RecoveryTarget, Error> {
         use crate::conf::RecoveryTarget;
         Ok(if let Some(time) = &self.restore_target_time {
             let instant: k8s_openapi::jiff::Timestamp = time.parse().map_err(|e| {
-                format!("CAIRN_RESTORE_TARGET_TIME {time:?}: not an RFC 3339 time: {e}")
+                Error::Setup(format!(
+                    "CAIRN_RESTORE_TARGET_TIME {time:?}: not an RFC 3339 time: {e}"
+                ))
             })?;
             RecoveryTarget::Time(instant.strftime("%Y-%m-%d %H:%M:%S%.f+00:00").to_string())
         } else if let Some(lsn) = &self.restore_target_lsn {

@@ -19,5 +19,7 @@ pub mod scram;
 pub mod server;
 pub mod state;
 pub mod supervisor;
+pub mod tasks;
 pub mod tls;
 pub mod verify;
+pub mod wal_clients;

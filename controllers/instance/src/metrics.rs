@@ -1,7 +1,10 @@
 //! `cairn_postgres_*`: the database as the instance last read it.
 
-use prometheus::{Encoder, Gauge, IntCounter, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder};
+use prometheus::{
+    Encoder, Gauge, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
 
+use crate::error::Error;
 use crate::observe::{Role, Sample};
 
 pub struct Metrics {
@@ -19,6 +22,7 @@ pub struct Metrics {
     pending_restart: IntGauge,
     pub restarts: IntCounter,
     pub reclones: IntCounter,
+    step_failures: IntCounterVec,
     pub volume_free: IntGauge,
     pub volume_size: IntGauge,
     pub archive_pending: IntGauge,
@@ -83,6 +87,14 @@ impl Metrics {
                 "reclones_total",
                 "Times this replica was cloned again because the primary no longer had the WAL it needed",
             ))?,
+            step_failures: IntCounterVec::new(
+                name(
+                    "step_failures_total",
+                    "Failed steps of the instance (preparing the data folder, starting, \
+                     reconfiguring or promoting postgres, its roles, loading a dump), by class",
+                ),
+                &["class"],
+            )?,
             volume_free: IntGauge::with_opts(name(
                 "data_volume_free_bytes",
                 "Free bytes on the filesystem of the data folder",
@@ -131,6 +143,7 @@ impl Metrics {
         r.register(Box::new(metrics.pending_restart.clone()))?;
         r.register(Box::new(metrics.restarts.clone()))?;
         r.register(Box::new(metrics.reclones.clone()))?;
+        r.register(Box::new(metrics.step_failures.clone()))?;
         r.register(Box::new(metrics.volume_free.clone()))?;
         r.register(Box::new(metrics.volume_size.clone()))?;
         r.register(Box::new(metrics.archive_pending.clone()))?;
@@ -139,6 +152,11 @@ impl Metrics {
         r.register(Box::new(metrics.archive_dropped.clone()))?;
         r.register(Box::new(metrics.archive_last_success.clone()))?;
         r.register(Box::new(metrics.archive_last_failure.clone()))?;
+        // Every class from zero: a rate over a series that appears only
+        // with its first failure misses that failure.
+        for class in Error::CLASSES {
+            metrics.step_failures.with_label_values(&[class]);
+        }
         Ok(metrics)
     }
 
@@ -172,6 +190,11 @@ impl Metrics {
         for (state, count) in &sample.connections {
             self.connections.with_label_values(&[state]).set(*count);
         }
+    }
+
+    /// Counts a failed step of `class` (`Error::class`).
+    pub fn step_failed(&self, class: &str) {
+        self.step_failures.with_label_values(&[class]).inc();
     }
 
     pub fn database_sizes(&self, sizes: &[(String, i64)]) {

@@ -9,6 +9,8 @@ use cairn_api::database::instance::{ROLE_PRIMARY, ROLE_REPLICA};
 use serde::Serialize;
 use tokio_postgres::{Client, Statement};
 
+use crate::error::Error;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
@@ -26,13 +28,13 @@ impl fmt::Display for Role {
 }
 
 impl FromStr for Role {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
         match s.trim() {
             ROLE_PRIMARY => Ok(Role::Primary),
             ROLE_REPLICA => Ok(Role::Replica),
-            "" => Err("no role assigned yet".to_owned()),
-            other => Err(format!("unknown role {other:?}")),
+            "" => Err(Error::Waiting("no role assigned yet".to_owned())),
+            other => Err(Error::Setup(format!("unknown role {other:?}"))),
         }
     }
 }
@@ -171,7 +173,8 @@ pub struct Limits {
     pub max_silence: Duration,
 }
 
-/// Whether the server serves its assigned role; `Err` says why not.
+/// Whether the server serves its assigned role; `Err` says why not (what to
+/// wait out: a promotion, streaming, lag).
 /// `upstream_silence` is how long a replica has not been streaming (zero
 /// while it streams, `None` if it never has since it started); `setting_up`
 /// what a primary still does before it serves (its roles, a dump to load).
@@ -181,25 +184,27 @@ pub fn readiness(
     upstream_silence: Option<Duration>,
     setting_up: Option<&str>,
     limits: Limits,
-) -> Result<(), String> {
+) -> Result<(), Error> {
+    let not_yet = |why: String| Err(Error::Waiting(why));
     match assigned {
-        Role::Primary if sample.in_recovery => Err("promoting: still in recovery".to_owned()),
-        Role::Primary => setting_up.map_or(Ok(()), |what| Err(what.to_owned())),
+        Role::Primary if sample.in_recovery => not_yet("promoting: still in recovery".to_owned()),
+        Role::Primary => setting_up.map_or(Ok(()), |what| not_yet(what.to_owned())),
         Role::Replica if !sample.in_recovery => {
-            Err("assigned replica but running as a primary".to_owned())
+            not_yet("assigned replica but running as a primary".to_owned())
         }
         Role::Replica => {
-            let silence =
-                upstream_silence.ok_or_else(|| "not streaming from the primary yet".to_owned())?;
+            let Some(silence) = upstream_silence else {
+                return not_yet("not streaming from the primary yet".to_owned());
+            };
             if silence > limits.max_silence {
-                return Err(format!(
+                return not_yet(format!(
                     "not streaming from the primary for {}s (limit {}s)",
                     silence.as_secs(),
                     limits.max_silence.as_secs()
                 ));
             }
             match sample.lag_bytes {
-                Some(lag) if lag > limits.max_lag_bytes as i64 => Err(format!(
+                Some(lag) if lag > limits.max_lag_bytes as i64 => not_yet(format!(
                     "{lag} bytes behind the primary (limit {})",
                     limits.max_lag_bytes
                 )),
@@ -251,8 +256,11 @@ mod tests {
         assert!(readiness(Role::Replica, &replica(1000), zero, None, LIMITS).is_ok());
         let behind = readiness(Role::Replica, &replica(1001), zero, None, LIMITS);
         assert_eq!(
-            behind,
-            Err("1001 bytes behind the primary (limit 1000)".to_owned())
+            behind.map_err(|e| (e.class(), e.to_string())),
+            Err((
+                "waiting",
+                "1001 bytes behind the primary (limit 1000)".to_owned()
+            ))
         );
     }
 
@@ -275,8 +283,8 @@ mod tests {
 
     #[test]
     fn roles_parse_from_the_label_file() {
-        assert_eq!("primary\n".parse(), Ok(Role::Primary));
-        assert_eq!("replica".parse(), Ok(Role::Replica));
+        assert_eq!("primary\n".parse::<Role>().ok(), Some(Role::Primary));
+        assert_eq!("replica".parse::<Role>().ok(), Some(Role::Replica));
         assert!("".parse::<Role>().is_err());
         assert!("leader".parse::<Role>().is_err());
     }

@@ -14,10 +14,12 @@ use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 
 use crate::archive::{self, ClientError};
+use crate::error::{Context, Error};
 
 /// One fetch into the spool, shared with whoever asks for its file:
-/// whether the file was archived.
-type Fetch = Shared<BoxFuture<'static, Result<bool, String>>>;
+/// whether the file was archived and is spooled. A failure reads as not
+/// spooled: the file is asked for again when it is wanted.
+type Fetch = Shared<BoxFuture<'static, bool>>;
 
 pub struct WalFetcher {
     source: WalArchive,
@@ -49,43 +51,29 @@ impl WalFetcher {
 
     /// Writes archived `name` to `destination` (inside the data folder);
     /// `false` when it was never archived (the end of the archive).
-    pub async fn fetch(
-        self: &Arc<Self>,
-        name: WalName,
-        destination: &Path,
-    ) -> Result<bool, String> {
+    pub async fn fetch(self: &Arc<Self>, name: WalName, destination: &Path) -> Result<bool, Error> {
         if !destination.starts_with(&self.data_dir) {
-            return Err(format!(
+            return Err(Error::Refused(format!(
                 "{} is outside the data folder",
                 destination.display()
-            ));
+            )));
         }
-        std::fs::create_dir_all(&self.spool)
-            .map_err(|e| format!("{}: {e}", self.spool.display()))?;
+        std::fs::create_dir_all(&self.spool).context(|| self.spool.display().to_string())?;
         let spooled = self.spool.join(name.as_str());
         let ahead = self.lock().remove(name.as_str());
         let mut found = match ahead {
-            Some(fetch) => fetch.await.unwrap_or(false),
+            Some(fetch) => fetch.await,
             None => false,
         };
         if !found {
             // Not fetched ahead, or not there when it was: ask now.
-            found = self
-                .source
-                .get(&name, &spooled)
-                .await
-                .map_err(|e| e.summary())?;
+            found = self.source.get(&name, &spooled).await?;
         }
         if !found {
             return Ok(false);
         }
-        std::fs::rename(&spooled, destination).map_err(|e| {
-            format!(
-                "moving {} to {}: {e}",
-                spooled.display(),
-                destination.display()
-            )
-        })?;
+        std::fs::rename(&spooled, destination)
+            .context(|| format!("moving {} to {}", spooled.display(), destination.display()))?;
         if name.is_segment() {
             self.fetch_ahead(&name);
         }
@@ -109,7 +97,7 @@ impl WalFetcher {
                 self.spool.join(next.as_str()),
                 next.clone(),
             );
-            let fetch = async move { source.get(&file, &path).await.map_err(|e| e.summary()) }
+            let fetch = async move { source.get(&file, &path).await.unwrap_or(false) }
                 .boxed()
                 .shared();
             // Polled in the background; the shared result waits for its request.

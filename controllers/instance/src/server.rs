@@ -47,7 +47,7 @@ pub async fn serve(address: SocketAddr, router: Router) -> std::io::Result<()> {
 async fn livez(Extract(routes): Extract<Routes>) -> impl IntoResponse {
     match routes.state.live(routes.live_limit) {
         Ok(text) => (StatusCode::OK, text),
-        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, reason),
+        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, reason.to_string()),
     }
 }
 

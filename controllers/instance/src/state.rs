@@ -8,6 +8,7 @@ use cairn_api::database::instance::{BackupProgress, ObservedState, WalArchiveSta
 use serde::Serialize;
 use tokio::sync::watch;
 
+use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::observe::{Role, Sample};
 
@@ -54,6 +55,10 @@ pub struct Status {
     pub postgres_restarts: u64,
     /// The last failure, kept until something succeeds again.
     pub last_error: Option<String>,
+    /// The class of `last_error` when it is a failed step (`io`, `sql`,
+    /// `program`, …: `Error::class`); none for a condition such as a full
+    /// volume or an exit of postgres.
+    pub last_error_class: Option<&'static str>,
     /// Failed attempts to prepare the data folder or start postgres since
     /// this process started.
     pub failed_starts: u64,
@@ -139,26 +144,50 @@ impl State {
         }
     }
 
-    /// Records a failure: logged, and shown in `/status` until cleared.
+    /// Records a failed step: logged, shown in `/status` with its class
+    /// until cleared, and counted by class.
+    pub fn failed(&self, error: &Error) {
+        self.failed_saying(error, error);
+    }
+
+    /// [`failed`](Self::failed), said with what the error does not say
+    /// (the step it failed in, a full volume).
+    pub fn failed_saying(&self, error: &Error, message: impl std::fmt::Display) {
+        self.metrics.step_failed(error.class());
+        self.record(Some(error.class()), message.to_string());
+    }
+
+    /// Records a problem that is no failed step (a nearly full volume,
+    /// fencing, an exit of postgres, which is counted on its own): logged,
+    /// and shown in `/status` until cleared.
     pub fn error(&self, message: impl std::fmt::Display) {
-        let message = message.to_string();
+        self.record(None, message.to_string());
+    }
+
+    fn record(&self, class: Option<&'static str>, message: String) {
         if self.status().last_error.as_ref() != Some(&message) {
             tracing::error!("{message}");
         }
-        self.update(|s| s.last_error = Some(message));
+        self.update(|s| {
+            s.last_error = Some(message);
+            s.last_error_class = class;
+        });
     }
 
     pub fn clear_error(&self) {
-        self.update(|s| s.last_error = None);
+        self.update(|s| {
+            s.last_error = None;
+            s.last_error_class = None;
+        });
     }
 
     /// Records a sample (or none: the server did not answer queries) and the
     /// readiness concluded from it.
-    pub fn observe(&self, sample: Option<&Sample>, ready: Result<(), String>) {
+    pub fn observe(&self, sample: Option<&Sample>, ready: Result<(), Error>) {
         self.metrics.observe(sample, ready.is_ok());
         self.update(|s| {
             s.ready = ready.is_ok();
-            s.reason = ready.err();
+            s.reason = ready.err().map(|why| why.to_string());
             s.role = sample.map(|x| {
                 if x.in_recovery {
                     Role::Replica
@@ -187,21 +216,51 @@ impl State {
     /// `/livez`: only a server that should run and has stopped answering
     /// fails it. Bootstrapping, waiting and backing off are alive: restarting
     /// the container would not help them.
-    pub fn live(&self, limit: Duration) -> Result<String, String> {
+    pub fn live(&self, limit: Duration) -> Result<String, Error> {
         let phase = self.status().phase;
         if phase != Phase::Running {
             return Ok(format!("{phase:?}"));
         }
         match *self.last_answer.lock().unwrap_or_else(|p| p.into_inner()) {
-            Some(at) if at.elapsed() > limit => Err(format!(
+            Some(at) if at.elapsed() > limit => Err(Error::Timeout(format!(
                 "postgres has not answered for {}s",
                 at.elapsed().as_secs()
-            )),
+            ))),
             _ => Ok("ok".to_owned()),
         }
     }
 
     pub fn observed(&self) -> watch::Receiver<ObservedState> {
         self.observed.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_step_is_shown_with_its_class_and_counted() {
+        let state = State::new(Metrics::new().expect("metrics"));
+        let failure = Error::Waiting("the primary is still in recovery".to_owned());
+        state.failed(&failure);
+        let status = serde_json::to_value(state.status()).expect("JSON");
+        assert_eq!(status["lastError"], "the primary is still in recovery");
+        assert_eq!(status["lastErrorClass"], "waiting");
+        let metrics = state.metrics.render();
+        for counted in [
+            "cairn_postgres_step_failures_total{class=\"waiting\"} 1",
+            "cairn_postgres_step_failures_total{class=\"io\"} 0",
+        ] {
+            assert!(metrics.contains(counted), "{metrics}");
+        }
+        // A condition that is no failed step has no class, and is not counted.
+        state.error("the data volume is nearly full");
+        assert_eq!(state.status().last_error_class, None);
+        state.failed(&failure);
+        state.clear_error();
+        let status = state.status();
+        assert_eq!((status.last_error, status.last_error_class), (None, None));
+        assert!(state.metrics.render().contains("{class=\"waiting\"} 2"));
     }
 }

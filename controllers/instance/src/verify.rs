@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use cairn_api::database::instance::{self as contract, VerificationReport};
 
 use crate::config::Config;
-use crate::error::sql_message;
+use crate::error::{Context, Error};
 use crate::observe::Role;
 use crate::state::State;
 
@@ -40,19 +40,19 @@ pub async fn verify(config: &Config, state: &Arc<State>, started: Instant) -> Ve
             restored_lsn: lsn,
             seconds: started.elapsed().as_secs_f64(),
         };
-    if let Err(message) = serving(state, config.poll()).await {
-        return report(false, RESTORE_FAILED, message, None);
+    if let Err(error) = serving(state, config.poll()).await {
+        return report(false, RESTORE_FAILED, error.to_string(), None);
     }
     match check(config).await {
         Ok((message, lsn)) => report(true, VERIFIED, message, lsn),
-        Err(message) => report(false, CHECK_FAILED, message, None),
+        Err(error) => report(false, CHECK_FAILED, error.to_string(), None),
     }
 }
 
 /// Until the copy serves as a primary, or the supervisor failed
 /// [`ATTEMPTS`] times to restore and start it, or to load a dump (the last
-/// error).
-async fn serving(state: &State, poll: Duration) -> Result<(), String> {
+/// error, as the supervisor reported it).
+async fn serving(state: &State, poll: Duration) -> Result<(), Error> {
     let mut last_error = None;
     loop {
         let status = state.status();
@@ -62,7 +62,8 @@ async fn serving(state: &State, poll: Duration) -> Result<(), String> {
         last_error = status.last_error.clone().or(last_error);
         let failures = status.failed_starts + status.postgres_restarts;
         if failures >= u64::from(ATTEMPTS) || status.dump_load_failures >= ATTEMPTS {
-            return Err(last_error.unwrap_or_else(|| "the restored server did not start".into()));
+            let why = last_error.unwrap_or_else(|| "the restored server did not start".into());
+            return Err(Error::Program(why));
         }
         tokio::time::sleep(poll.min(Duration::from_millis(250))).await;
     }
@@ -70,12 +71,12 @@ async fn serving(state: &State, poll: Duration) -> Result<(), String> {
 
 /// Reads every table of every database and runs the user's check: what
 /// was read, and where replay stopped.
-async fn check(config: &Config) -> Result<(String, Option<String>), String> {
+async fn check(config: &Config) -> Result<(String, Option<String>), Error> {
     let postgres = connect(config, "postgres").await?;
     let lsn = postgres
         .query_one("SELECT pg_last_wal_replay_lsn()::text", &[])
         .await
-        .map_err(|e| format!("reading the replay position: {}", sql_message(&e)))?
+        .context(|| "reading the replay position".to_owned())?
         .get::<_, Option<String>>(0);
     let databases: Vec<String> = postgres
         .query(
@@ -83,7 +84,7 @@ async fn check(config: &Config) -> Result<(String, Option<String>), String> {
             &[],
         )
         .await
-        .map_err(|e| format!("listing databases: {}", sql_message(&e)))?
+        .context(|| "listing databases".to_owned())?
         .iter()
         .map(|row| row.get(0))
         .collect();
@@ -92,7 +93,7 @@ async fn check(config: &Config) -> Result<(String, Option<String>), String> {
         let client = connect(config, database).await?;
         let (t, r) = read_every_table(&client)
             .await
-            .map_err(|e| format!("database {database}: {e}"))?;
+            .context(|| format!("database {database}"))?;
         (tables, rows) = (tables + t, rows + r);
     }
     let mut message = format!(
@@ -102,7 +103,7 @@ async fn check(config: &Config) -> Result<(String, Option<String>), String> {
     if let Some(sql) = &config.verify_sql {
         let application = config
             .credential(contract::DATABASE_KEY)
-            .map_err(|e| format!("credentials ({}): {e}", contract::DATABASE_KEY))?;
+            .context(|| format!("credentials ({})", contract::DATABASE_KEY))?;
         let password = checker(&postgres).await?;
         let client = connect_as(config, &application, CHECKER, &password).await?;
         let answer = run_check(&client, sql).await?;
@@ -117,7 +118,7 @@ async fn check(config: &Config) -> Result<(String, Option<String>), String> {
 const CHECKER: &str = "cairn_verify_check";
 
 /// Creates [`CHECKER`] with a new random password; the password.
-async fn checker(superuser: &tokio_postgres::Client) -> Result<String, String> {
+async fn checker(superuser: &tokio_postgres::Client) -> Result<String, Error> {
     let password: String = {
         use rand::Rng;
         rand::rng()
@@ -134,14 +135,14 @@ async fn checker(superuser: &tokio_postgres::Client) -> Result<String, String> {
              PASSWORD '{verifier}' IN ROLE pg_read_all_data"
         ))
         .await
-        .map_err(|e| format!("creating the role of the check: {}", sql_message(&e)))?;
+        .context(|| "creating the role of the check".to_owned())?;
     Ok(password)
 }
 
 /// Every table read through (a sequential scan of each table's heap: a
 /// page the server cannot read fails here; TOAST and indexes are not
 /// read): how many, and their rows.
-async fn read_every_table(client: &tokio_postgres::Client) -> Result<(u64, u64), String> {
+async fn read_every_table(client: &tokio_postgres::Client) -> Result<(u64, u64), Error> {
     let tables = client
         .query(
             "SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c \
@@ -152,14 +153,14 @@ async fn read_every_table(client: &tokio_postgres::Client) -> Result<(u64, u64),
             &[],
         )
         .await
-        .map_err(|e| format!("listing tables: {}", sql_message(&e)))?;
+        .context(|| "listing tables".to_owned())?;
     let mut rows = 0;
     for table in &tables {
         let name: String = table.get(0);
         let count: i64 = client
             .query_one(&format!("SELECT count(*) FROM ONLY {name}"), &[])
             .await
-            .map_err(|e| format!("reading {name}: {}", sql_message(&e)))?
+            .context(|| format!("reading {name}"))?
             .get(0);
         rows += u64::try_from(count).unwrap_or(0);
     }
@@ -170,14 +171,14 @@ async fn read_every_table(client: &tokio_postgres::Client) -> Result<(u64, u64),
 /// a read-only transaction: it passes unless it fails or its first row's
 /// first value is `false`. What it returned is described, never quoted
 /// (the status is no place for the data).
-async fn run_check(client: &tokio_postgres::Client, sql: &str) -> Result<&'static str, String> {
+async fn run_check(client: &tokio_postgres::Client, sql: &str) -> Result<&'static str, Error> {
     client
         .batch_execute("BEGIN READ ONLY")
         .await
-        .map_err(|e| format!("starting the check: {}", sql_message(&e)))?;
+        .context(|| "starting the check".to_owned())?;
     let answer = client.query(sql, &[]).await;
     let _ = client.batch_execute("ROLLBACK").await;
-    let rows = answer.map_err(|e| format!("the check failed: {}", sql_message(&e)))?;
+    let rows = answer.context(|| "the check failed".to_owned())?;
     let Some(row) = rows.first() else {
         return Ok("no rows");
     };
@@ -189,16 +190,16 @@ async fn run_check(client: &tokio_postgres::Client, sql: &str) -> Result<&'stati
     }
     match row.try_get::<_, Option<bool>>(0) {
         Ok(Some(true)) => Ok("true"),
-        Ok(Some(false)) => Err("the check returned false".to_owned()),
+        Ok(Some(false)) => Err(Error::Program("the check returned false".to_owned())),
         Ok(None) => Ok("NULL"),
-        Err(e) => Err(format!("reading the check's answer: {e}")),
+        Err(e) => Err(Error::Program(format!("reading the check's answer: {e}"))),
     }
 }
 
-async fn connect(config: &Config, database: &str) -> Result<tokio_postgres::Client, String> {
+async fn connect(config: &Config, database: &str) -> Result<tokio_postgres::Client, Error> {
     let password = config
         .credential(contract::SUPERUSER_PASSWORD_KEY)
-        .map_err(|e| format!("credentials: {e}"))?;
+        .context(|| "credentials".to_owned())?;
     connect_as(config, database, "postgres", &password).await
 }
 
@@ -210,7 +211,7 @@ async fn connect_as(
     database: &str,
     user: &str,
     password: &str,
-) -> Result<tokio_postgres::Client, String> {
+) -> Result<tokio_postgres::Client, Error> {
     let mut settings = tokio_postgres::Config::new();
     settings
         .host("127.0.0.1")
@@ -224,22 +225,25 @@ async fn connect_as(
     let (client, connection) = settings
         .connect(tokio_postgres::NoTls)
         .await
-        .map_err(|e| format!("connecting to database {database}: {}", sql_message(&e)))?;
+        .context(|| format!("connecting to database {database}"))?;
     tokio::spawn(connection);
     Ok(client)
 }
 
 /// Writes the report where the backup controller reads it.
-pub fn write_report(path: &Path, report: &VerificationReport) -> Result<(), String> {
+pub fn write_report(path: &Path, report: &VerificationReport) -> Result<(), Error> {
     let text = serialize(report.clone())?;
-    std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
+    std::fs::write(path, text).context(|| path.display().to_string())
 }
 
 /// The report as JSON within [`REPORT_LIMIT`] bytes (escaping can make the
 /// JSON longer than the message): the message shortened until it fits.
-fn serialize(mut report: VerificationReport) -> Result<String, String> {
+fn serialize(mut report: VerificationReport) -> Result<String, Error> {
     loop {
-        let text = serde_json::to_string(&report).map_err(|e| e.to_string())?;
+        let text = serde_json::to_string(&report).map_err(|e| Error::Io {
+            what: "the verification report".to_owned(),
+            source: e.into(),
+        })?;
         if text.len() <= REPORT_LIMIT || report.message.is_empty() {
             return Ok(text);
         }

@@ -1,9 +1,14 @@
 //! Server-side apply that sends nothing when nothing would change: at steady
-//! state a controller makes zero write requests.
+//! state a controller makes zero write requests. Children and the few
+//! fields set on objects of others here; status writes in [`status`].
+
+mod status;
+
+pub use status::{RECORD_LAG_LIMIT, replacing};
 
 use std::collections::HashMap;
 use std::fmt::Debug;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -87,6 +92,8 @@ where
 #[derive(Default)]
 pub struct Applier {
     written: Mutex<HashMap<String, Written>>,
+    /// Decisions recorded in a status, until the cache shows them.
+    records: Mutex<HashMap<String, status::Record>>,
 }
 
 /// How long a write is taken as known to a cache that has not shown it: a
@@ -128,43 +135,6 @@ impl Applier {
         Ok(applied)
     }
 
-    /// Applies `status` to the status of `object` (as the controller read
-    /// it, from its cache) with field manager `manager`, unless this process
-    /// wrote exactly this status over the version `object` still shows. The
-    /// object as written, or `None` when nothing was sent.
-    pub async fn apply_status<K>(
-        &self,
-        api: &Api<K>,
-        manager: &str,
-        object: &K,
-        status: &impl Serialize,
-    ) -> Result<Option<K>, kube::Error>
-    where
-        K: Resource + Clone + Debug + DeserializeOwned,
-        K::DynamicType: Default,
-    {
-        let status = to_value(status)?;
-        let key = written_key(object, "/status");
-        if self.recently_written_over(&key, &status, object) {
-            return Ok(None);
-        }
-        let dynamic = K::DynamicType::default();
-        let patch = serde_json::json!({
-            "apiVersion": K::api_version(&dynamic),
-            "kind": K::kind(&dynamic),
-            "status": status,
-        });
-        let written = api
-            .patch_status(
-                &object.name_any(),
-                &PatchParams::apply(manager).force(),
-                &Patch::Apply(&patch),
-            )
-            .await?;
-        self.remember(key, status, object);
-        Ok(Some(written))
-    }
-
     /// Merge-patches `patch` onto `current` (the object as the controller
     /// read it, from its cache), unless this process sent exactly `patch`
     /// over the version `current` still shows. For the few fields a
@@ -193,37 +163,6 @@ impl Applier {
         .await?;
         self.remember(key, patch.clone(), current);
         Ok(Outcome::Applied)
-    }
-
-    /// `object` with the status this process last wrote over the version
-    /// `object` shows, while the cache lags that write (within
-    /// [`WRITTEN_MEMORY`]). A reconcile then builds on the status the API
-    /// server holds: it carries that write's transition times and does not
-    /// write the same conditions again stamped a second later. The status
-    /// written replaces the cached one whole: only for a kind whose status
-    /// this controller alone writes, all of it at each write.
-    pub fn with_written_status<K>(&self, object: Arc<K>) -> Arc<K>
-    where
-        K: Resource + Serialize + DeserializeOwned,
-        K::DynamicType: Default,
-    {
-        let key = written_key(&*object, "/status");
-        let Some(status) = self.written_over(&key, &*object) else {
-            return object;
-        };
-        let replaced = to_value(&*object).and_then(|mut value| {
-            value["status"] = status;
-            serde_json::from_value(value).map_err(kube::Error::SerdeError)
-        });
-        match replaced {
-            Ok(replaced) => Arc::new(replaced),
-            Err(error) => {
-                // Never expected (the status was serialized from this type);
-                // the cached object is still a correct, if older, start.
-                tracing::warn!(%error, "cannot read back a status written");
-                object
-            }
-        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Written>> {
@@ -258,6 +197,34 @@ impl Applier {
                 at: Instant::now(),
             },
         );
+    }
+}
+
+/// Deletes `name` only while it is still the object with `uid`. Returns
+/// whether this call deleted it: one already gone (404) or replaced by a
+/// new object of the same name (409, the precondition) is no error, and
+/// the new one is never touched.
+pub async fn delete_exactly<K>(
+    api: &Api<K>,
+    name: &str,
+    uid: Option<String>,
+    propagation_policy: Option<kube::api::PropagationPolicy>,
+) -> Result<bool, kube::Error>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let params = kube::api::DeleteParams {
+        propagation_policy,
+        preconditions: Some(kube::api::Preconditions {
+            uid,
+            resource_version: None,
+        }),
+        ..kube::api::DeleteParams::default()
+    };
+    match api.delete(name, &params).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(false),
+        Err(e) => Err(e),
     }
 }
 
@@ -327,6 +294,8 @@ fn is_empty(value: &Value) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use serde_json::json;
 
     #[tokio::test(start_paused = true)]
     async fn an_apply_the_lagging_cache_has_not_shown_is_not_repeated() -> Result<(), kube::Error> {
@@ -446,115 +415,6 @@ mod tests {
         assert_eq!(patches(), 4);
         Ok(())
     }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_status_the_lagging_cache_has_not_shown_is_not_written_again()
-    -> Result<(), kube::Error> {
-        use k8s_openapi::api::core::v1::Pod;
-        let (fake, client) = cairn_testing::fake_api::FakeApi::new();
-        fake.put(
-            "/api/v1/namespaces/shop/pods/db-0",
-            serde_json::json!({ "metadata": { "name": "db-0", "namespace": "shop" } }),
-        );
-        let api = Api::<Pod>::namespaced(client, "shop");
-        let cached = api.get("db-0").await?;
-        let running = serde_json::json!({ "phase": "Running" });
-        let writes = || fake.writes().len();
-        let applier = Applier::default();
-
-        let written = applier
-            .apply_status(&api, "cairn", &cached, &running)
-            .await?;
-        assert_eq!(
-            written
-                .and_then(|p| p.status)
-                .and_then(|s| s.phase)
-                .as_deref(),
-            Some("Running")
-        );
-        assert_eq!(writes(), 1);
-        // The cache still shows the version the status was written over.
-        assert!(
-            applier
-                .apply_status(&api, "cairn", &cached, &running)
-                .await?
-                .is_none()
-        );
-        assert_eq!(
-            writes(),
-            1,
-            "the same status written again over one version"
-        );
-
-        // Another status over the same version is a new decision: written.
-        let failed = serde_json::json!({ "phase": "Failed" });
-        assert!(
-            applier
-                .apply_status(&api, "cairn", &cached, &failed)
-                .await?
-                .is_some()
-        );
-        assert_eq!(writes(), 2);
-
-        // A newer version (the cache caught up, or someone else wrote) is
-        // compared afresh, and so is a cache lagging past the memory.
-        let fresh = api.get("db-0").await?;
-        assert!(
-            applier
-                .apply_status(&api, "cairn", &fresh, &running)
-                .await?
-                .is_some()
-        );
-        assert_eq!(writes(), 3);
-        tokio::time::advance(WRITTEN_MEMORY + Duration::from_secs(1)).await;
-        assert!(
-            applier
-                .apply_status(&api, "cairn", &fresh, &running)
-                .await?
-                .is_some()
-        );
-        assert_eq!(writes(), 4);
-        Ok(())
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_reconcile_of_a_lagging_cache_sees_the_status_written() -> Result<(), kube::Error> {
-        use k8s_openapi::api::core::v1::Pod;
-        let (fake, client) = cairn_testing::fake_api::FakeApi::new();
-        fake.put(
-            "/api/v1/namespaces/shop/pods/db-0",
-            json!({ "metadata": { "name": "db-0", "namespace": "shop" },
-                    "status": { "phase": "Pending" } }),
-        );
-        let api = Api::<Pod>::namespaced(client, "shop");
-        let cached = Arc::new(api.get("db-0").await?);
-        let applier = Applier::default();
-        let phase = |pod: &Pod| pod.status.as_ref().and_then(|s| s.phase.clone());
-
-        let unwritten = applier.with_written_status(cached.clone());
-        assert_eq!(phase(&unwritten).as_deref(), Some("Pending"));
-        applier
-            .apply_status(&api, "cairn", &*cached, &json!({ "phase": "Running" }))
-            .await?;
-        // The cache still shows the version written over: its reconcile
-        // starts from the status written, the rest as cached.
-        let seen = applier.with_written_status(cached.clone());
-        assert_eq!(phase(&seen).as_deref(), Some("Running"));
-        assert_eq!(seen.metadata, cached.metadata);
-
-        // The cache caught up (another version), or the memory ended: as
-        // cached.
-        let mut newer = (*cached).clone();
-        newer.metadata.resource_version = Some("999".into());
-        let newer = applier.with_written_status(Arc::new(newer));
-        assert_eq!(phase(&newer).as_deref(), Some("Pending"));
-        tokio::time::advance(WRITTEN_MEMORY + Duration::from_secs(1)).await;
-        let late = applier.with_written_status(cached.clone());
-        assert_eq!(phase(&late).as_deref(), Some("Pending"));
-        Ok(())
-    }
-    use super::*;
-    use serde_json::json;
 
     #[test]
     fn server_added_fields_do_not_count_as_changes() {

@@ -71,6 +71,42 @@ pub async fn publish_event(recorder: &Recorder, object: &ObjectReference, event:
     }
 }
 
+/// Publishes the Event of each condition in `current` that changed from
+/// `previous` (see [`on_transition`]): what a controller does after it wrote
+/// a status. A condition False for one of the reasons `in_progress` (work
+/// under way: creating, updating) is no problem: Normal, and no news at its
+/// first appearance.
+pub async fn announce_transitions(
+    recorder: &Recorder,
+    object: &ObjectReference,
+    previous: &[Condition],
+    current: &[Condition],
+    in_progress: &[&str],
+) {
+    for event in transitions(previous, current, in_progress) {
+        publish_event(recorder, object, &event).await;
+    }
+}
+
+/// The Events [`announce_transitions`] publishes (pure: unit-tested).
+fn transitions(previous: &[Condition], current: &[Condition], in_progress: &[&str]) -> Vec<Event> {
+    current
+        .iter()
+        .filter_map(|condition| {
+            let before = previous.iter().find(|p| p.type_ == condition.type_);
+            let progress = in_progress.contains(&condition.reason.as_str());
+            if progress && before.is_none() {
+                return None;
+            }
+            let mut event = on_transition(before, condition)?;
+            if progress {
+                event.type_ = EventType::Normal;
+            }
+            Some(event)
+        })
+        .collect()
+}
+
 /// At most `max` bytes of `text`, cut at a character boundary.
 fn truncate(text: &str, max: usize) -> String {
     let mut end = text.len().min(max);
@@ -147,6 +183,37 @@ mod tests {
         let event = on_transition(None, &degraded).expect("event");
         assert_eq!(event.type_, EventType::Warning);
         assert_eq!(event.note, None);
+    }
+
+    #[test]
+    fn work_under_way_is_normal_and_no_news_when_it_begins() {
+        use std::slice::from_ref as one;
+        let progress = ["Creating", "Updating"];
+        let creating = new("Ready", false, "Creating", "bucket b", None, at(1));
+        let available = new("Ready", true, "Available", "bucket b", None, at(2));
+        let updating = new("Ready", false, "Updating", "bucket b", None, at(3));
+        let failed = new("Synced", false, "CannotCreate", "denied", None, at(4));
+        let kinds = |events: Vec<Event>| -> Vec<(EventType, String)> {
+            events.into_iter().map(|e| (e.type_, e.reason)).collect()
+        };
+        assert!(transitions(&[], one(&creating), &progress).is_empty());
+        assert_eq!(
+            kinds(transitions(one(&creating), one(&available), &progress)),
+            [(EventType::Normal, "Available".to_owned())]
+        );
+        assert_eq!(
+            kinds(transitions(one(&available), one(&updating), &progress)),
+            [(EventType::Normal, "Updating".to_owned())]
+        );
+        assert!(
+            transitions(one(&updating), one(&updating), &progress).is_empty(),
+            "no transition, no Event"
+        );
+        let refused = [available.clone(), failed];
+        assert_eq!(
+            kinds(transitions(one(&available), &refused, &progress)),
+            [(EventType::Warning, "CannotCreate".to_owned())]
+        );
     }
 
     #[test]

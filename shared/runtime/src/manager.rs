@@ -13,10 +13,12 @@
 //! [`Manager::run`] with the reconcile function.
 //!
 //! The caches live in `cache`, the reconcile wrapper (leadership check,
-//! metrics, tracing, retries) in `reconciler`, and SIGTERM/SIGINT handling
+//! metrics, tracing, retries) in `reconciler`, housekeeping run every few
+//! seconds ([`Manager::every`]) in `periodic`, and SIGTERM/SIGINT handling
 //! in [`shutdown`].
 
 mod cache;
+mod periodic;
 mod reconciler;
 pub mod shutdown;
 #[cfg(test)]
@@ -47,6 +49,7 @@ use crate::leader::{self, Sureness, Timing};
 use crate::metrics::Metrics;
 use crate::telemetry::{self, Telemetry};
 use crate::webhook::{self, WebhookServer};
+use periodic::Periodic;
 use reconciler::{Instrumented, forget_deleted};
 use shutdown::{terminated, termination_signal};
 
@@ -144,6 +147,9 @@ pub struct Manager {
     admin: JoinHandle<()>,
     stop_admin: oneshot::Sender<()>,
     caches_synced: Vec<BoxFuture<'static, ()>>,
+    /// Housekeeping to start once the caches are synced, then running.
+    housekeeping: Vec<Periodic>,
+    housekeeping_running: Vec<JoinHandle<()>>,
     terminate: watch::Receiver<bool>,
 }
 
@@ -220,6 +226,8 @@ impl Manager {
             admin,
             stop_admin,
             caches_synced: Vec::new(),
+            housekeeping: Vec::new(),
+            housekeeping_running: Vec::new(),
             terminate: termination_signal(),
         })
     }
@@ -326,6 +334,16 @@ impl Manager {
         cache
     }
 
+    /// Runs `task` every `period` from the caches' sync until the manager
+    /// stops, on every replica (a standby's gauges are read too): a
+    /// controller's housekeeping.
+    pub fn every(&mut self, period: Duration, task: impl FnMut() + Send + 'static) {
+        self.housekeeping.push(Periodic {
+            period,
+            task: Box::new(task),
+        });
+    }
+
     /// Runs `controller` while this replica leads, with `reconcile` wrapped in
     /// metrics, a span, and the retry policy of its error class. Returns the
     /// process's exit code.
@@ -406,6 +424,7 @@ impl Manager {
             .lead(futures::future::join_all(running).map(drop).boxed())
             .await;
         forgetting.iter().for_each(JoinHandle::abort);
+        self.housekeeping_running.iter().for_each(JoinHandle::abort);
         let _ = self.stop_admin.send(());
         let _ = self.admin.await;
         self.telemetry.shutdown();
@@ -420,6 +439,10 @@ impl Manager {
             _ = synced => {
                 tracing::info!("caches synced");
                 self.health.set_ready(true);
+                self.housekeeping_running = std::mem::take(&mut self.housekeeping)
+                    .into_iter()
+                    .map(Periodic::start)
+                    .collect();
             }
             () = terminated(self.terminate.clone()) => return ExitCode::SUCCESS,
         }

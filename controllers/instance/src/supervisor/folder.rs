@@ -1,13 +1,102 @@
-//! The data folder: what it holds, and making it: initdb, a clone of the
-//! primary (pg_basebackup), a rewind (pg_rewind), always into a sibling
-//! folder first so a folder that is there is complete.
+//! The data folder: made ready to start in a role (used as it is, or
+//! bootstrapped by initdb, a clone of the primary or a restore, or cloned
+//! again), always in a sibling folder first so a folder that is there is
+//! complete; and the space left on its volume.
 
-use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
-use super::upstream::history_timeline;
-use super::*;
+use cairn_api::database::instance as contract;
+
+use super::upstream::Slot;
+use super::wal::ControlData;
+use super::{Supervisor, last_lines};
+use crate::error::{Context, Error};
+use crate::files::sync_parent;
+use crate::membership::Bootstrap;
+use crate::observe::Role;
+use crate::state::Phase;
 
 impl Supervisor {
+    /// Makes the data folder ready to start in `role`; a replica's folder
+    /// that cannot follow the primary any more is cloned again if `reclone`
+    /// says why.
+    pub(super) async fn prepare(&self, role: Role, reclone: Option<String>) -> Result<(), Error> {
+        let data = &self.config.data_dir;
+        std::fs::create_dir_all(&self.config.run_dir)
+            .context(|| format!("run folder {}", self.config.run_dir.display()))?;
+        remove_stale_lock_file(
+            &self
+                .config
+                .run_dir
+                .join(format!(".s.PGSQL.{}.lock", self.config.port)),
+        );
+        self.tls.install(&self.tls.read()?)?;
+        if role == Role::Replica {
+            self.write_passwords()?;
+        }
+        match data_folder(data)? {
+            DataFolder::Existing => {
+                tracing::info!(data = %data.display(), %role, "starting from the existing data folder");
+                remove_stale_lock_file(&data.join("postmaster.pid"));
+                let why = reclone.or_else(|| {
+                    rewind_marker(data).exists().then(|| {
+                        "pg_rewind did not finish, so the folder may be inconsistent".to_owned()
+                    })
+                });
+                if role == Role::Replica
+                    && let Some(why) = why
+                {
+                    self.state.phase(Phase::Bootstrapping);
+                    self.reclone(&why).await?;
+                } else if role == Role::Replica {
+                    let control = self.control_data().await?;
+                    if control.was_primary {
+                        self.rewind_or_reclone(control.timeline).await?;
+                    }
+                } else {
+                    // Never promoted from a folder pg_rewind left half done.
+                    refuse_after_interrupted_rewind(data)?;
+                }
+            }
+            DataFolder::Absent => {
+                let bootstrap = self.assignment.borrow().bootstrap;
+                if role == Role::Primary && bootstrap.is_none() {
+                    return Err(Error::Refused(format!(
+                        "the data folder {} is empty but the cluster was initialised: refusing \
+                         to run initdb over it (its data lives in the replicas; the controller \
+                         fails over to one)",
+                        data.display()
+                    )));
+                }
+                self.state.phase(Phase::Bootstrapping);
+                match (role, bootstrap) {
+                    // A dump is loaded once the new server runs (`load_dump`).
+                    (Role::Primary, Some(Bootstrap::Restore)) if self.config.restore_logical => {
+                        self.initdb().await?
+                    }
+                    (Role::Primary, Some(Bootstrap::Restore)) => self.restore().await?,
+                    (Role::Primary, _) => self.initdb().await?,
+                    (Role::Replica, _) => self.clone_primary().await?,
+                }
+            }
+        }
+        if role == Role::Replica
+            && let Err(message) = self.reserve_slot().await
+        {
+            // Streaming waits for the slot; the watch loop tries again.
+            tracing::warn!(%message, "no replication slot yet");
+        }
+        self.write_conf(role)?;
+        // A primary's folder that holds standby.signal keeps it: it starts in
+        // recovery and is promoted (a new timeline), never just restarted.
+        if role == Role::Replica {
+            std::fs::write(data.join("standby.signal"), "")
+                .context(|| "standby.signal".to_owned())?;
+        }
+        Ok(())
+    }
+
     /// What the folder's control file says (pg_controldata).
     pub(super) async fn control_data(&self) -> Result<ControlData, Error> {
         let data = &self.config.data_dir;
@@ -21,77 +110,6 @@ impl Supervisor {
         ControlData::parse(&output.output, data.join("backup_label").exists()).ok_or_else(|| {
             Error::Program(format!("pg_controldata: {}", last_lines(&output.output, 2)))
         })
-    }
-
-    /// Rewinds a former primary's folder to where its history and the current
-    /// primary's part, so it can follow the new timeline without a new base
-    /// backup (needs wal_log_hints or checksums: the controller sets the first,
-    /// initdb here the second). Writes nothing if no rewind is needed.
-    /// `Some(why)` when pg_rewind cannot do it, ever: the folder is cloned
-    /// again instead. After a rewind the marker is left for the caller.
-    pub(super) async fn rewind(&self, host: &str) -> Result<Option<String>, Error> {
-        let port = self.config.primary_port.to_string();
-        let passfile = self.passfile().display().to_string();
-        let tls = self.tls.client_settings();
-        let mut pairs = vec![
-            ("host", host),
-            ("port", &port),
-            ("user", "postgres"),
-            ("dbname", "postgres"),
-            ("passfile", &passfile),
-            ("connect_timeout", "10"),
-        ];
-        pairs.extend(tls.iter().map(|(key, value)| (*key, value.as_str())));
-        let source = conf::conninfo(&pairs);
-        tracing::info!(%host, "the folder was a primary's: rewinding it to follow the current primary (pg_rewind)");
-        self.state.phase(Phase::Rewinding);
-        // pg_rewind first recovers a folder that was not shut down cleanly,
-        // in single-user mode, which refuses a standby's folder.
-        remove_if_present(&self.config.data_dir.join("standby.signal"))?;
-        let marker = rewind_marker(&self.config.data_dir);
-        std::fs::write(&marker, "")
-            .and_then(|()| sync_parent(&marker))
-            .context(|| marker.display().to_string())?;
-        let mut rewind = Command::new(self.config.program("pg_rewind"));
-        rewind
-            .env("LC_ALL", "C") // `rewind_started` reads its English output
-            .arg("--target-pgdata")
-            .arg(&self.config.data_dir)
-            .arg(format!("--source-server={source}"));
-        let output = match self.children.run(&mut rewind).await {
-            Ok(output) => output,
-            Err(e) => {
-                remove_if_present(&marker)?;
-                return Err(Error::Io {
-                    what: "cannot run pg_rewind".to_owned(),
-                    source: e,
-                });
-            }
-        };
-        if !output.exit.success() {
-            let failed = Error::Program(format!(
-                "pg_rewind failed ({}): {}",
-                output.exit,
-                last_lines(&output.output, 3)
-            ));
-            // Only a failure before it changed anything may be retried.
-            if !rewind_started(&output.output) {
-                remove_if_present(&marker)?;
-                if lacks_own_wal(&output.output) {
-                    return Ok(Some(format!(
-                        "pg_rewind cannot read this folder's WAL back to the last checkpoint \
-                         both servers share (recycled since): {}",
-                        last_lines(&output.output, 1)
-                    )));
-                }
-            }
-            return Err(failed);
-        }
-        // The marker stays until the caller has checked the WAL the folder
-        // must replay: a folder that cannot catch up is cloned, even when
-        // the process restarts meanwhile.
-        tracing::info!(output = %last_lines(&output.output, 1), "pg_rewind done");
-        Ok(None)
     }
 
     /// A replica the primary can no longer feed: a new base backup into a
@@ -162,13 +180,13 @@ impl Supervisor {
         self.move_into_place(&target, "initdb")
     }
 
-    pub(super) async fn clone_primary(&self) -> Result<(), Error> {
+    async fn clone_primary(&self) -> Result<(), Error> {
         let target = sibling(&self.config.data_dir, "clone");
         self.clone_into(&target).await?;
         self.move_into_place(&target, "pg_basebackup")
     }
 
-    pub(super) async fn clone_into(&self, target: &Path) -> Result<(), Error> {
+    async fn clone_into(&self, target: &Path) -> Result<(), Error> {
         let host = self.primary_host()?;
         let user = self.credential(contract::REPLICATION_USER_KEY)?;
         tracing::info!(%host, port = self.config.primary_port, "cloning the primary (pg_basebackup)");
@@ -194,12 +212,7 @@ impl Supervisor {
     }
 
     /// Runs a program that fills `target`, a folder beside the data folder.
-    pub(super) async fn run_in(
-        &self,
-        command: &mut Command,
-        target: &Path,
-        what: &str,
-    ) -> Result<(), Error> {
+    async fn run_in(&self, command: &mut Command, target: &Path, what: &str) -> Result<(), Error> {
         remove_dir_if_present(target)?;
         let output = self
             .children
@@ -233,16 +246,45 @@ impl Supervisor {
         tracing::info!(data = %data.display(), "{what} done");
         Ok(())
     }
+
+    /// Records the data volume's space; says so when it is nearly full
+    /// (less than a WAL segment, or 2 %, free).
+    pub(super) fn check_volume(&self) -> Option<String> {
+        let data = &self.config.data_dir;
+        let folder = if data.exists() {
+            data.as_path()
+        } else {
+            data.parent()?
+        };
+        let stats = nix::sys::statvfs::statvfs(folder).ok()?;
+        let block = stats.fragment_size() as u64;
+        let free = stats.blocks_available() as u64 * block;
+        let total = stats.blocks() as u64 * block;
+        self.state.metrics.volume_free.set(free as i64);
+        self.state.metrics.volume_size.set(total as i64);
+        self.state.update(|s| {
+            s.data_volume_free_bytes = Some(free);
+            s.data_volume_bytes = Some(total);
+        });
+        const MIB: u64 = 1024 * 1024;
+        (free < (16 * MIB).max(total / 50)).then(|| {
+            format!(
+                "the data volume is nearly full: {} MiB free of {} MiB",
+                free / MIB,
+                total / MIB
+            )
+        })
+    }
 }
 
-pub(super) enum DataFolder {
+enum DataFolder {
     Existing,
     Absent,
 }
 
 /// An existing data folder is used as it is; an absent or empty one is
 /// bootstrapped; anything else is refused, never overwritten.
-pub(super) fn data_folder(data: &Path) -> Result<DataFolder, Error> {
+fn data_folder(data: &Path) -> Result<DataFolder, Error> {
     if data.join("PG_VERSION").exists() {
         return Ok(DataFolder::Existing);
     }
@@ -262,65 +304,6 @@ pub(super) fn data_folder(data: &Path) -> Result<DataFolder, Error> {
     }
 }
 
-/// A former primary's folder holds diverged WAL, unless its last run was in
-/// recovery (a standby, or a folder pg_rewind has finished) or it is a fresh
-/// base backup (backup_label; its control file is the primary's).
-#[derive(Debug, PartialEq, Eq)]
-pub(super) struct ControlData {
-    pub(super) was_primary: bool,
-    pub(super) timeline: u32,
-    /// `Latest checkpoint location`, as `X/Y`.
-    pub(super) checkpoint: Option<String>,
-    /// `Minimum recovery ending location`: where a rewound folder becomes
-    /// consistent (0 when not set).
-    pub(super) min_recovery_point: Option<u64>,
-}
-
-impl ControlData {
-    pub(super) fn parse(output: &str, has_backup_label: bool) -> Option<Self> {
-        let field = |name: &str| {
-            output
-                .lines()
-                .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
-                .map(str::trim)
-        };
-        let state = field("Database cluster state")?;
-        let timeline = field("Latest checkpoint's TimeLineID")?.parse().ok()?;
-        let in_recovery = matches!(state, "shut down in recovery" | "in archive recovery");
-        Some(Self {
-            was_primary: !in_recovery && !has_backup_label,
-            timeline,
-            checkpoint: field("Latest checkpoint location").map(str::to_owned),
-            min_recovery_point: field("Minimum recovery ending location").and_then(parse_lsn),
-        })
-    }
-}
-
-/// The first WAL segment (by number) from the one holding `start` to the one
-/// holding `end` that neither this folder (`local`) nor the primary
-/// (`primary`) has. (Which timeline's file is not checked: a miss errs
-/// toward the rewind, as before this check.)
-pub(super) fn first_missing_segment(
-    start: u64,
-    end: u64,
-    segment_size: u64,
-    local: &BTreeSet<u64>,
-    primary: &BTreeSet<u64>,
-) -> Option<u64> {
-    let size = segment_size.max(1);
-    (start / size..=end / size).find(|n| !local.contains(n) && !primary.contains(n))
-}
-
-/// The segment number of a WAL file name (`TTTTTTTTXXXXXXXXYYYYYYYY`).
-pub(super) fn segment_number(name: &str, segment_size: u64) -> Option<u64> {
-    if name.len() != 24 || !name.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    let log = u64::from_str_radix(&name[8..16], 16).ok()?;
-    let seg = u64::from_str_radix(&name[16..24], 16).ok()?;
-    Some(log * 0x1_0000_0000u64.checked_div(segment_size)? + seg)
-}
-
 /// Beside the data folder (pg_rewind removes what its source lacks): there
 /// while pg_rewind may be rewriting the folder.
 pub(super) fn rewind_marker(data: &Path) -> PathBuf {
@@ -329,7 +312,7 @@ pub(super) fn rewind_marker(data: &Path) -> PathBuf {
 
 /// PostgreSQL: a folder whose pg_rewind failed midway "is likely not in a
 /// state that can be recovered". It is kept, never started.
-pub(super) fn refuse_after_interrupted_rewind(data: &Path) -> Result<(), Error> {
+fn refuse_after_interrupted_rewind(data: &Path) -> Result<(), Error> {
     let marker = rewind_marker(data);
     if marker.exists() {
         return Err(Error::Refused(format!(
@@ -341,20 +324,6 @@ pub(super) fn refuse_after_interrupted_rewind(data: &Path) -> Result<(), Error> 
         )));
     }
     Ok(())
-}
-
-/// pg_rewind prints this before it changes the target folder.
-pub(super) fn rewind_started(output: &str) -> bool {
-    output.contains("rewinding from last common checkpoint")
-}
-
-/// pg_rewind stopped, before changing anything, on the folder's own WAL: it
-/// no longer reaches back to the point both histories share, or a record
-/// cannot be read. No retry brings that WAL back. (A source of another
-/// system is not among these: that is the wrong server, not a clone's job.)
-pub(super) fn lacks_own_wal(output: &str) -> bool {
-    output.contains("could not find previous WAL record")
-        || output.contains("could not read WAL record at")
 }
 
 /// A folder beside the data folder, on the same filesystem (so a rename moves it).
@@ -389,7 +358,7 @@ fn absent_is_fine(removed: std::io::Result<()>, path: &Path) -> Result<(), Error
 /// threads (a new container numbers from 1 again, and `kill(pid, 0)` answers
 /// for a thread id), which makes postgres refuse to start, again and again.
 /// A lock whose pid is a running postgres stays.
-pub(super) fn remove_stale_lock_file(path: &Path) {
+fn remove_stale_lock_file(path: &Path) {
     let Ok(text) = std::fs::read_to_string(path) else {
         return;
     };
@@ -401,18 +370,6 @@ pub(super) fn remove_stale_lock_file(path: &Path) {
         tracing::info!(pid, file = %path.display(), "removing a stale lock file");
         let _ = std::fs::remove_file(path);
     }
-}
-
-/// The highest timeline with a history file in the folder's pg_wal (0 if none).
-pub(super) fn latest_history(data: &Path) -> u32 {
-    let Ok(entries) = std::fs::read_dir(data.join("pg_wal")) else {
-        return 0;
-    };
-    entries
-        .flatten()
-        .filter_map(|entry| history_timeline(&entry.file_name().to_string_lossy()))
-        .max()
-        .unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -465,50 +422,5 @@ mod tests {
         std::fs::write(dir.join("PG_VERSION"), "15").unwrap_or_default();
         assert!(matches!(data_folder(&dir), Ok(DataFolder::Existing)));
         let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn a_folder_was_a_primary_unless_its_last_run_was_in_recovery() {
-        let control = |state: &str, backup_label: bool| {
-            let output = format!(
-                "pg_control version number:            1300\n\
-                 Database cluster state:               {state}\n\
-                 Latest checkpoint's TimeLineID:       3\n"
-            );
-            ControlData::parse(&output, backup_label).map(|c| (c.was_primary, c.timeline))
-        };
-        for state in [
-            "in production",
-            "shut down",
-            "shutting down",
-            "in crash recovery",
-        ] {
-            assert_eq!(control(state, false), Some((true, 3)), "{state}");
-        }
-        for state in ["shut down in recovery", "in archive recovery"] {
-            assert_eq!(control(state, false), Some((false, 3)), "{state}");
-        }
-        // A fresh base backup carries the primary's control file.
-        assert_eq!(control("in production", true), Some((false, 3)));
-        assert_eq!(ControlData::parse("garbage", false), None);
-    }
-
-    #[test]
-    fn a_segment_neither_side_has_is_found() {
-        let mb16 = 16 * 1024 * 1024;
-        assert_eq!(segment_number("000000020000000100000005", mb16), Some(261));
-        assert_eq!(segment_number("00000002.history", mb16), None);
-        let local: BTreeSet<u64> = [2, 3].into();
-        let primary: BTreeSet<u64> = [5, 6, 7].into();
-        // Replay from 0/2000028 to 0/6000100: segment 4 is nowhere.
-        assert_eq!(
-            first_missing_segment(0x200_0028, 0x600_0100, mb16, &local, &primary),
-            Some(4)
-        );
-        let primary: BTreeSet<u64> = [4, 5, 6, 7].into();
-        assert_eq!(
-            first_missing_segment(0x200_0028, 0x600_0100, mb16, &local, &primary),
-            None
-        );
     }
 }

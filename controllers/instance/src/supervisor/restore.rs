@@ -7,11 +7,19 @@
 //! folder, never the source's.
 
 use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Instant;
 
+use cairn_api::database::instance as contract;
 use cairn_storage::{BackupId, BaseBackups, Manifest};
 
+use super::Supervisor;
 use super::folder::{remove_dir_if_present, sibling};
-use super::*;
+use crate::conf;
+use crate::error::{Context, Error};
+use crate::files::write_atomically;
 
 impl Supervisor {
     pub(super) async fn restore(&self) -> Result<(), Error> {
@@ -42,7 +50,7 @@ impl Supervisor {
                 backups
                     .manifest(&id)
                     .await
-                    .map_err(|e| Error::Program(format!("reading the manifest of {location}: {}", e.summary())))?
+                    .context(|| format!("reading the manifest of {location}"))?
                     .ok_or_else(|| {
                         Error::Refused(format!(
                             "{location} has no manifest: not a complete backup; refusing to start anything else in its place"
@@ -111,15 +119,14 @@ impl Supervisor {
             Error::Setup("a restore needs this cluster's name (CAIRN_CLUSTER)".to_owned())
         })?;
         let archive = cairn_storage::WalArchive::new(settings, own);
-        let wal = archive.list().await.map_err(|e| {
-            Error::Program(format!("reading {}: {}", archive.location(), e.summary()))
-        })?;
+        let wal = archive
+            .list()
+            .await
+            .context(|| format!("reading {}", archive.location()))?;
         let backups = BaseBackups::new(settings, own)
             .catalog()
             .await
-            .map_err(|e| {
-                Error::Program(format!("reading this cluster's catalog: {}", e.summary()))
-            })?;
+            .context(|| "reading this cluster's catalog".to_owned())?;
         if !wal.is_empty() || !backups.is_empty() {
             return Err(Error::Refused(format!(
                 "this cluster's folder already holds {} WAL files and {} backups (a cluster of \
@@ -136,13 +143,14 @@ impl Supervisor {
     /// (with a target time, the newest that completed before it; with a
     /// target LSN, the newest that ends at or before it).
     async fn newest_backup(&self, backups: &BaseBackups, source: &str) -> Result<Manifest, Error> {
-        let before = match self.config.restore_target().map_err(Error::Setup)? {
+        let before = match self.config.restore_target()? {
             conf::RecoveryTarget::Time(_) => self.config.restore_target_time.clone(),
             _ => None,
         };
-        let catalog = backups.catalog().await.map_err(|e| {
-            Error::Program(format!("reading the catalog of {source}: {}", e.summary()))
-        })?;
+        let catalog = backups
+            .catalog()
+            .await
+            .context(|| format!("reading the catalog of {source}"))?;
         let up_to = self
             .config
             .restore_target_lsn
@@ -197,7 +205,7 @@ async fn unpack(
         .and_then(|result| result);
     // The unpacking's error says more than the broken pipe it causes.
     unpacked.context(|| format!("unpacking {}", file.name))?;
-    downloaded.map_err(|e| Error::Program(format!("downloading {}: {e}", file.name)))
+    downloaded.map_err(|e| Error::Storage(format!("downloading {}: {e}", file.name)))
 }
 
 /// A file in the data folder that says the dump of a logical restore is
@@ -228,24 +236,24 @@ impl Supervisor {
         };
         match result {
             Ok(()) => true,
-            Err(message) => {
-                tracing::warn!(%message, "cannot load the logical backup");
+            Err(error) => {
+                tracing::warn!(message = %error, "cannot load the logical backup");
                 self.state
-                    .error(format!("loading the logical backup: {message}"));
+                    .failed_saying(&error, format!("loading the logical backup: {error}"));
                 false
             }
         }
     }
 
-    async fn try_load_dump(&self) -> Result<(), String> {
+    async fn try_load_dump(&self) -> Result<(), Error> {
         let Some((source, Some(id))) = self.config.restore_source() else {
-            return Err(
+            return Err(Error::Setup(
                 "a logical restore needs the source cluster and the backup's id \
                  (CAIRN_RESTORE_CLUSTER, CAIRN_RESTORE_BACKUP_ID)"
                     .into(),
-            );
+            ));
         };
-        let id = BackupId::parse(id).map_err(|e| e.to_string())?;
+        let id = BackupId::parse(id).map_err(|e| Error::Setup(e.to_string()))?;
         if self.app_database_has_relations().await? {
             // A load committed before the process could record it: the
             // database is never written otherwise until it is ready.
@@ -255,28 +263,39 @@ impl Supervisor {
         let settings = self
             .config
             .backup_destination()
-            .map_err(|e| format!("backup destination credentials: {e}"))?
-            .ok_or("a restore reads the bucket of CAIRN_BACKUP_BUCKET, which is unset")?;
+            .context(|| "backup destination credentials".to_owned())?
+            .ok_or_else(|| {
+                Error::Setup(
+                    "a restore reads the bucket of CAIRN_BACKUP_BUCKET, which is unset".to_owned(),
+                )
+            })?;
         let dumps = BaseBackups::dumps(&settings, source);
         let location = dumps.location(&id);
         let manifest = dumps
             .manifest(&id)
             .await
-            .map_err(|e| format!("reading the manifest of {location}: {}", e.summary()))?
-            .ok_or_else(|| format!("{location} has no manifest: not a complete logical backup"))?;
+            .context(|| format!("reading the manifest of {location}"))?
+            .ok_or_else(|| {
+                Error::Refused(format!(
+                    "{location} has no manifest: not a complete logical backup"
+                ))
+            })?;
         let file = manifest
             .files
             .iter()
             .find(|f| f.name == cairn_storage::layout::DUMP_DATA)
-            .ok_or_else(|| format!("the manifest of {location} lists no dump"))?;
+            .ok_or_else(|| Error::Refused(format!("the manifest of {location} lists no dump")))?;
         tracing::info!(%location, bytes = file.bytes, "loading a logical backup");
         let mut command = self.restore_command()?;
         let mut child = self
             .children
             .spawn_fed(&mut command)
-            .map_err(|e| format!("cannot start pg_restore: {e}"))?;
+            .context(|| "cannot start pg_restore".to_owned())?;
         let stdin = Arc::new(std::sync::Mutex::new(child.stdin.take()));
-        let mut stderr = child.stderr.take().ok_or("pg_restore has no stderr")?;
+        let mut stderr = child
+            .stderr
+            .take()
+            .ok_or_else(|| Error::Program("pg_restore has no stderr".to_owned()))?;
         let log = tokio::task::spawn_blocking(move || {
             let mut text = String::new();
             let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
@@ -290,45 +309,42 @@ impl Supervisor {
             child.stop().await;
             drop(stdin);
             let log = log.await.unwrap_or_default();
-            return Err(format!(
+            return Err(Error::Storage(format!(
                 "{location}: {} {}",
                 e.summary(),
                 restore_errors(&log)
-            ));
+            )));
         }
         drop(stdin.lock().map(|mut held| held.take()));
         let exit = child.wait().await;
         let log = log.await.unwrap_or_default();
         if !exit.success() {
-            return Err(format!(
+            return Err(Error::Program(format!(
                 "pg_restore failed ({exit}): {}",
                 restore_errors(&log)
-            ));
+            )));
         }
         self.record_dump_loaded(&id)?;
         tracing::info!(%location, "logical backup loaded");
         Ok(())
     }
 
-    fn record_dump_loaded(&self, id: &BackupId) -> Result<(), String> {
+    fn record_dump_loaded(&self, id: &BackupId) -> Result<(), Error> {
         write_atomically(&self.config.data_dir.join(DUMP_LOADED), id.as_str(), 0o600)
-            .map_err(|e| e.to_string())
     }
 
     /// Whether the application database holds any relation of its own.
-    async fn app_database_has_relations(&self) -> Result<bool, String> {
+    async fn app_database_has_relations(&self) -> Result<bool, Error> {
         let database = self
             .config
             .credential(contract::DATABASE_KEY)
-            .map_err(|e| format!("credentials ({}): {e}", contract::DATABASE_KEY))?;
-        let mut config = self
-            .superuser("127.0.0.1", self.config.port)
-            .map_err(|e| e.to_string())?;
+            .context(|| format!("credentials ({})", contract::DATABASE_KEY))?;
+        let mut config = self.superuser("127.0.0.1", self.config.port)?;
         config.dbname(&database);
         let (client, connection) = config
             .connect(tokio_postgres::NoTls)
             .await
-            .map_err(|e| format!("connecting to database {database}: {}", sql_message(&e)))?;
+            .context(|| format!("connecting to database {database}"))?;
         tokio::spawn(connection);
         let row = client
             .query_one(
@@ -338,7 +354,7 @@ impl Supervisor {
                 &[],
             )
             .await
-            .map_err(|e| format!("looking into database {database}: {}", sql_message(&e)))?;
+            .context(|| format!("looking into database {database}"))?;
         Ok(row.get::<_, i64>(0) > 0)
     }
 
@@ -346,11 +362,11 @@ impl Supervisor {
     /// loopback, in one transaction; every object owned by the database's
     /// owner (the source's owners and grants name roles this cluster may
     /// not have).
-    fn restore_command(&self) -> Result<Command, String> {
+    fn restore_command(&self) -> Result<Command, Error> {
         let owner = self
             .config
             .credential(contract::OWNER_KEY)
-            .map_err(|e| format!("credentials ({}): {e}", contract::OWNER_KEY))?;
+            .context(|| format!("credentials ({})", contract::OWNER_KEY))?;
         let mut command = self.config.superuser_tool("pg_restore", "cairn-restore")?;
         command
             .args(["--single-transaction", "--exit-on-error"])

@@ -1,7 +1,12 @@
 //! The roles and the database the application uses, created and kept on the
 //! passwords in the Secret by the primary.
 
-use super::*;
+use cairn_api::database::instance as contract;
+use tokio_postgres::Client;
+
+use super::Supervisor;
+use crate::error::{Context, Error};
+use crate::scram;
 
 impl Supervisor {
     /// The application database, its owner and the replication user, created
@@ -10,9 +15,9 @@ impl Supervisor {
     pub(super) async fn ensure_roles(&self, client: &Client) -> bool {
         match self.try_ensure_roles(client).await {
             Ok(()) => true,
-            Err(message) => {
+            Err(error) => {
                 self.state
-                    .error(format!("the application's roles: {message}"));
+                    .failed_saying(&error, format!("the application's roles: {error}"));
                 false
             }
         }

@@ -145,6 +145,8 @@ impl Running {
             }),
             stop_admin,
             caches_synced: Vec::new(),
+            housekeeping: Vec::new(),
+            housekeeping_running: Vec::new(),
             terminate: terminated,
         };
         let cache = manager.cache(
