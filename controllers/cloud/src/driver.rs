@@ -650,26 +650,43 @@ impl Report {
             status.at_provider = at_provider;
         }
         status.observed_generation = generation;
-        if status == previous {
-            return Ok(());
-        }
-        let written = ctx
-            .applier
-            .apply_status(api, MANAGER, object, &status)
-            .await?;
-        if written.is_some() {
-            let reference = object.object_ref(&());
-            events::announce_transitions(
-                &ctx.recorder,
-                &reference,
-                &previous.conditions,
-                &status.conditions,
-                IN_PROGRESS,
-            )
-            .await;
-        }
-        Ok(())
+        write_status(ctx, api, object, &previous, &status, IN_PROGRESS).await
     }
+}
+
+/// Writes `status` over `previous` unless they are equal, then announces
+/// each condition's transition (the reasons `in_progress` are work under
+/// way, not problems: see `events::announce_transitions`).
+pub(crate) async fn write_status<K>(
+    ctx: &Context,
+    api: &Api<K>,
+    object: &K,
+    previous: &CloudStatus,
+    status: &CloudStatus,
+    in_progress: &[&str],
+) -> Result<(), kube::Error>
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + Serialize + DeserializeOwned,
+{
+    if status == previous {
+        return Ok(());
+    }
+    let written = ctx
+        .applier
+        .apply_status(api, MANAGER, object, status)
+        .await?;
+    if written.is_some() {
+        let reference = object.object_ref(&());
+        events::announce_transitions(
+            &ctx.recorder,
+            &reference,
+            &previous.conditions,
+            &status.conditions,
+            in_progress,
+        )
+        .await;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

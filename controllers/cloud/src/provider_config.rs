@@ -9,14 +9,14 @@ use std::time::{Duration, Instant};
 
 use cairn_api::cloud::v1alpha1::{CloudStatus, DnsRecord, ObjectBucket, ProviderConfig};
 use cairn_runtime::conditions::{self, Time};
+use cairn_runtime::finalizers;
 use cairn_runtime::manager::Recheck;
-use cairn_runtime::{events, finalizers};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 
-use crate::driver::{Context, Error, MANAGER, Managed};
+use crate::driver::{self, Context, Error, Managed};
 use crate::external::{CloudError, fail};
 
 /// Held while objects of the namespace use the ProviderConfig.
@@ -263,26 +263,8 @@ async fn write_status(
         held,
         Time(Timestamp::now()),
     );
-    if status == previous {
-        return Ok(());
-    }
-    let written = ctx
-        .applier
-        .apply_status(api, MANAGER, config, &status)
-        .await?;
-    if written.is_some() {
-        let reference = config.object_ref(&());
-        events::announce_transitions(
-            &ctx.recorder,
-            &reference,
-            &previous.conditions,
-            &status.conditions,
-            // No object using it is no problem.
-            &["Unused"],
-        )
-        .await;
-    }
-    Ok(())
+    // No object using it is no problem.
+    driver::write_status(ctx, api, config, &previous, &status, &["Unused"]).await
 }
 
 /// The status with these conditions set (pure: unit-tested).
