@@ -22,6 +22,18 @@ use crate::error::{Context, Error};
 use crate::files::write_atomically;
 
 impl Supervisor {
+    /// The bucket a restore reads (the source cluster's folder in it).
+    fn restore_bucket(&self) -> Result<cairn_storage::S3Settings, Error> {
+        self.config
+            .backup_destination()
+            .context(|| "backup destination credentials".to_owned())?
+            .ok_or_else(|| {
+                Error::Setup(
+                    "a restore reads the bucket of CAIRN_BACKUP_BUCKET, which is unset".to_owned(),
+                )
+            })
+    }
+
     pub(super) async fn restore(&self) -> Result<(), Error> {
         let (source, id) = self.config.restore_source().ok_or_else(|| {
             Error::Setup(
@@ -29,15 +41,7 @@ impl Supervisor {
                     .to_owned(),
             )
         })?;
-        let settings = self
-            .config
-            .backup_destination()
-            .context(|| "backup destination credentials".to_owned())?
-            .ok_or_else(|| {
-                Error::Setup(
-                    "a restore reads the bucket of CAIRN_BACKUP_BUCKET, which is unset".to_owned(),
-                )
-            })?;
+        let settings = self.restore_bucket()?;
         // A verifying instance has no folder of its own: it archives nothing.
         if !self.config.verify {
             self.refuse_unless_own_folder_is_empty(&settings).await?;
@@ -260,15 +264,7 @@ impl Supervisor {
             tracing::info!("the logical backup was loaded before a restart: recording it");
             return self.record_dump_loaded(&id);
         }
-        let settings = self
-            .config
-            .backup_destination()
-            .context(|| "backup destination credentials".to_owned())?
-            .ok_or_else(|| {
-                Error::Setup(
-                    "a restore reads the bucket of CAIRN_BACKUP_BUCKET, which is unset".to_owned(),
-                )
-            })?;
+        let settings = self.restore_bucket()?;
         let dumps = BaseBackups::dumps(&settings, source);
         let location = dumps.location(&id);
         let manifest = dumps
