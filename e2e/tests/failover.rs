@@ -8,7 +8,7 @@
 //! stops taking writes before a replica may be promoted, one is, and after
 //! the cut heals it rejoins as a replica.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use cairn_api::database::instance::ROLE_LABEL;
 use cairn_api::database::v1::DatabaseCluster;
@@ -18,10 +18,12 @@ use cairn_e2e::real::{
     until_acknowledged, until_acknowledged_after, until_psql, until_replicas_follow, writes,
 };
 use cairn_testing::{Error, LocalCluster, TestNamespace, cluster, wait};
+use futures::TryStreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 
 type Result<T = ()> = std::result::Result<T, Error>;
@@ -48,6 +50,7 @@ async fn a_stopped_primary_node_fails_over_and_the_old_primary_rejoins() -> Resu
     psql(&ns, RW, "CREATE TABLE ticks (id bigint PRIMARY KEY)").await?;
     start_writer(&ns, RW).await?;
     until_acknowledged(&ns, 20).await?;
+    a_deleted_lease_deposes_no_one(&ns, &clusters, &old_primary).await?;
 
     let number = LocalCluster::real_node_number(&node)
         .ok_or_else(|| Error::Setup(format!("{old_primary} is on {node}, not a real node")))?;
@@ -128,6 +131,94 @@ async fn a_stopped_primary_node_fails_over_and_the_old_primary_rejoins() -> Resu
     let count = psql(&ns, RW, "SELECT count(*) FROM ticks").await?;
     let demoted = format!("{new_primary}.{CLUSTER}");
     until_psql(&ns, &demoted, "SELECT count(*) FROM ticks", &count).await?;
+    Ok(())
+}
+
+/// The primary's membership Lease deleted by hand (`kubectl delete lease`):
+/// the controller recreates it, the primary renews the new one before its
+/// heartbeat lapses, and nobody is deposed: no failover is recorded through
+/// twice the failover delay, and no write begun since the deletion fails.
+async fn a_deleted_lease_deposes_no_one(
+    ns: &TestNamespace,
+    clusters: &Api<DatabaseCluster>,
+    primary: &str,
+) -> Result {
+    let last_failover = |cluster: DatabaseCluster| cluster.status.and_then(|s| s.last_failover);
+    let failover_before = last_failover(clusters.get(CLUSTER).await?);
+    let leases = ns.api::<Lease>();
+    let old_uid = leases.get(primary).await?.metadata.uid;
+    leases.delete(primary, &DeleteParams::default()).await?;
+    let deleted_at = unix_now();
+    wait::until(
+        "the primary's Lease recreated and renewed",
+        Duration::from_secs(30),
+        || async {
+            let lease = leases.get_opt(primary).await.map_err(|e| e.to_string())?;
+            let renewed = lease.as_ref().is_some_and(|l| {
+                l.metadata.uid != old_uid
+                    && l.spec
+                        .as_ref()
+                        .and_then(|s| s.renew_time.as_ref())
+                        .is_some_and(|t| t.0.as_millisecond() as f64 / 1000.0 > deleted_at)
+            });
+            Ok(renewed.then_some(()))
+        },
+    )
+    .await?;
+    let renewed_after = unix_now() - deleted_at;
+    // Watched through twice the failover delay (10 s): every version of the
+    // cluster keeps its primary.
+    let config = watcher::Config::default().fields(&format!("metadata.name={CLUSTER}"));
+    let mut versions = std::pin::pin!(watcher::watcher(clusters.clone(), config).applied_objects());
+    let watched = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(cluster) = versions
+            .try_next()
+            .await
+            .map_err(|e| Error::Setup(e.to_string()))?
+        {
+            let current = cluster
+                .status
+                .as_ref()
+                .and_then(|s| s.current_primary.clone());
+            if current.as_deref() != Some(primary) {
+                return Err(Error::Setup(format!(
+                    "deposed after its Lease was deleted: {current:?}"
+                )));
+            }
+        }
+        Ok(())
+    })
+    .await;
+    if let Ok(ended) = watched {
+        ended?;
+        return Err(Error::Setup("the watch of the cluster ended".into()));
+    }
+    let cluster = clusters.get(CLUSTER).await?;
+    let still = cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.current_primary.clone());
+    assert_eq!(
+        still.as_deref(),
+        Some(primary),
+        "deposed after its Lease was deleted"
+    );
+    assert_eq!(
+        last_failover(cluster),
+        failover_before,
+        "a failover was recorded"
+    );
+    let failed: Vec<u64> = writes(ns)
+        .await?
+        .iter()
+        .filter(|w| !w.ok && w.started > deleted_at)
+        .map(|w| w.id)
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "writes failed after the Lease was deleted: {failed:?}"
+    );
+    eprintln!("deleted Lease: recreated and renewed {renewed_after:.1} s later, no write failed");
     Ok(())
 }
 

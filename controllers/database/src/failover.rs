@@ -278,8 +278,8 @@ struct Loss {
     written_last: Option<Timestamp>,
 }
 
-/// The primary's loss, if it is lost: silent, or not serving, for longer
-/// than `delay`, or without a membership Lease.
+/// The primary's loss, if it is lost: silent, or not serving, or without a
+/// membership Lease, for longer than `delay`.
 fn loss(
     current: Option<&Member>,
     not_serving_for: Option<Duration>,
@@ -287,11 +287,20 @@ fn loss(
     now: Timestamp,
 ) -> Option<Loss> {
     let Some(member) = current else {
-        let missing = "its membership Lease is missing".to_owned();
+        // A deleted Lease (by hand, or a restore of the namespace) says
+        // nothing of the primary, which may still be writing: the
+        // controller recreates the Lease and the primary renews it again.
+        // Only a primary that renews nothing for the whole delay is lost;
+        // it stopped writing half the delay after its last renewal, which
+        // came before the controller first missed the Lease.
+        let missing_for = not_serving_for.filter(|d| *d > delay)?;
         return Some(Loss {
-            record: missing.clone(),
-            state: missing,
-            written_last: None,
+            record: format!(
+                "its membership Lease missing for {} s",
+                missing_for.as_secs()
+            ),
+            state: "its membership Lease is missing".to_owned(),
+            written_last: Some(now - missing_for + delay / 2),
         });
     };
     if let (Some(silent), Some(seen)) = (member.silent_for(now), member.last_seen)
@@ -693,11 +702,35 @@ mod tests {
     }
 
     #[test]
-    fn a_missing_lease_is_a_lost_primary() {
+    fn a_missing_lease_is_a_lost_primary_only_after_the_delay() {
         let members = [member("db-1", 1, "replica", 1, "0/1")];
+        let missing_for = |seconds| Some(Duration::from_secs(seconds));
+        let Decision::Keep { recheck } =
+            decide("db-0", &members, None, missing_for(2), POLICY, now())
+        else {
+            panic!("a Lease just deleted deposes no one");
+        };
+        assert!(
+            recheck <= POLICY.delay,
+            "looked at again by the delay: {recheck:?}"
+        );
         assert_eq!(
-            promoted(&decide("db-0", &members, None, None, POLICY, now())),
+            promoted(&decide(
+                "db-0",
+                &members,
+                None,
+                missing_for(11),
+                POLICY,
+                now()
+            )),
             Some("db-1")
         );
+        // The replica's report must postdate the primary's last possible
+        // write: half the delay after the Lease was first missed.
+        let stale = [member("db-1", 9, "replica", 1, "0/1")];
+        assert!(matches!(
+            decide("db-0", &stale, None, missing_for(11), POLICY, now()),
+            Decision::Wait { .. }
+        ));
     }
 }

@@ -247,8 +247,13 @@ async fn promote(
     let leases = Api::<Lease>::namespaced(ctx.client.clone(), &namespace);
     if let Some(lease) = leases.get_opt(&record.from).await? {
         let fresh = Member::from_lease(&lease);
-        let cached = members.iter().find(|m| m.pod == record.from);
-        if cached.is_some_and(|m| m.last_seen != fresh.last_seen) && fresh.serves_as_primary() {
+        // Renewed since the cache's look, or since the cache saw it missing
+        // (recreated, and renewed by a primary that kept serving).
+        let renewed = match members.iter().find(|m| m.pod == record.from) {
+            Some(cached) => cached.last_seen != fresh.last_seen,
+            None => fresh.last_seen.is_some(),
+        };
+        if renewed && fresh.serves_as_primary() {
             tracing::info!(primary = %record.from, "the primary renewed its heartbeat: no failover");
             return Ok(false);
         }

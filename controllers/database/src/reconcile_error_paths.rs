@@ -6,6 +6,7 @@
 //! cluster's first reconcile costs: each object written once, no Event.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use cairn_api::database::instance::{FENCED_ANNOTATION, OBSERVED_ANNOTATION};
 use cairn_runtime::errors::ErrorClass;
@@ -479,4 +480,81 @@ async fn a_child_that_cannot_be_written_does_not_hold_up_a_failover() {
             .any(|r| r.path.ends_with("/services/orders-rw")),
         "the fault was reached: {writes:#?}"
     );
+}
+
+/// A primary's membership Lease deleted (by hand, or by a restore of the
+/// namespace) deposes no one: the Lease is recreated at once, and a primary
+/// that renews it again keeps serving, even when the cache saw it missing
+/// for longer than the failover delay.
+#[tokio::test]
+async fn a_deleted_primary_lease_is_recreated_and_deposes_no_one() {
+    let mut cluster = fixtures::cluster(2, &[]);
+    cluster.metadata.resource_version = Some("7".into());
+    cluster.status = Some(DatabaseClusterStatus {
+        initialized: true,
+        current_primary: Some("orders-0".into()),
+        timeline: Some(3),
+        ..DatabaseClusterStatus::default()
+    });
+    let cluster = Arc::new(cluster);
+    let (fake, client) = fake_with(&cluster);
+    let replica = member_lease(
+        "orders-1",
+        0,
+        serde_json::json!({ "ready": true, "role": "replica", "timeline": 3 }),
+    );
+    let lease_path = "/apis/coordination.k8s.io/v1/namespaces/shop/leases";
+    fake.put(
+        &format!("{lease_path}/orders-1"),
+        serde_json::to_value(&replica).expect("serializes"),
+    );
+    // The cache and the API server lack the primary's Lease.
+    let ctx = context_with(client, &[], std::slice::from_ref(&replica));
+    let deposed = |fake: &FakeApi| {
+        fake.requests().iter().any(|r| {
+            r.is_write()
+                && r.path.ends_with("/leases/orders-0")
+                && r.body["metadata"]["annotations"][FENCED_ANNOTATION] == "true"
+        })
+    };
+    let promoted = |fake: &FakeApi| {
+        fake.writes()
+            .iter()
+            .any(|r| r.is_status_write() && r.body["status"]["currentPrimary"] == "orders-1")
+    };
+
+    // Just missed: recreated, nobody deposed.
+    let _ = reconcile(cluster.clone(), ctx.clone()).await;
+    let recreated = fake
+        .writes()
+        .iter()
+        .any(|r| r.path == format!("{lease_path}/orders-0"));
+    assert!(recreated, "the Lease applied again: {:#?}", fake.writes());
+    assert!(!deposed(&fake) && !promoted(&fake), "{:#?}", fake.writes());
+
+    // Missed by the cache for a minute, but the primary renewed the new
+    // Lease: the fresh read before a promotion sees it serving.
+    let minute_ago = Instant::now()
+        .checked_sub(Duration::from_secs(60))
+        .expect("a minute of uptime");
+    ctx.not_serving_since
+        .lock()
+        .expect("unpoisoned")
+        .insert("shop/orders".into(), ("orders-0".into(), minute_ago));
+    let renewed = member_lease(
+        "orders-0",
+        0,
+        serde_json::json!({ "ready": true, "role": "primary", "timeline": 3 }),
+    );
+    fake.put(
+        &format!("{lease_path}/orders-0"),
+        serde_json::to_value(&renewed).expect("serializes"),
+    );
+    let _ = reconcile(cluster, ctx).await;
+    assert!(
+        !deposed(&fake),
+        "a renewing primary deposed: {:#?}",
+        fake.writes()
+    );
+    assert!(!promoted(&fake), "{:#?}", fake.writes());
 }

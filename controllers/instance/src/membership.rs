@@ -227,13 +227,18 @@ pub async fn renew(
                 version = None;
                 continue;
             }
+            // Deleted (the controller recreates it at once): read it again
+            // now rather than a period later, to renew the new one before
+            // the heartbeat lapses. A read that finds none waits the period.
+            Err(kube::Error::Api(status)) if status.code == 404 && version.is_some() => {
+                tracing::info!(lease = %name, "the Lease is gone: reading it again");
+                version = None;
+                continue;
+            }
             Err(e) => {
                 if !failing {
                     tracing::warn!(error = %e, lease = %name, "cannot renew the heartbeat");
                     failing = true;
-                }
-                if matches!(&e, kube::Error::Api(s) if s.code == 404) {
-                    version = None;
                 }
             }
         }
