@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
-use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -23,19 +22,11 @@ use crate::restore::WalFetcher;
 use crate::state::State;
 use crate::{backup, server, verify};
 
-/// Installs the handlers of SIGTERM and SIGINT now; the future completes
-/// at the first of them.
+/// Installs the handlers of SIGTERM and SIGINT now (the controllers' own,
+/// from the runtime); the future completes at the first of them.
 pub fn shutdown_signals() -> Result<impl Future<Output = ()>, Error> {
-    let mut terminate =
-        signal(SignalKind::terminate()).context(|| "the SIGTERM handler".to_owned())?;
-    let mut interrupt =
-        signal(SignalKind::interrupt()).context(|| "the SIGINT handler".to_owned())?;
-    Ok(async move {
-        tokio::select! {
-            _ = terminate.recv() => tracing::info!("SIGTERM: stopping"),
-            _ = interrupt.recv() => tracing::info!("SIGINT: stopping"),
-        }
-    })
+    cairn_runtime::manager::shutdown::signals()
+        .context(|| "the SIGTERM and SIGINT handlers".to_owned())
 }
 
 /// What `/status` and the metrics report, empty.
