@@ -344,14 +344,7 @@ async fn a_role_label_the_pod_cache_has_not_shown_is_not_patched_again() {
 /// about once a second in a real run).
 #[tokio::test]
 async fn a_blocked_failover_is_written_once_while_it_waits() {
-    let mut cluster = fixtures::cluster(2, &[]);
-    cluster.metadata.resource_version = Some("7".into());
-    cluster.status = Some(DatabaseClusterStatus {
-        initialized: true,
-        current_primary: Some("orders-0".into()),
-        timeline: Some(3),
-        ..DatabaseClusterStatus::default()
-    });
+    let cluster = serving_cluster();
     let cluster = Arc::new(cluster);
     let (fake, client) = fake_with(&cluster);
     let leases = [
@@ -385,6 +378,20 @@ async fn a_blocked_failover_is_written_once_while_it_waits() {
     assert_eq!(status_writes_to(&fake), 1, "{:#?}", fake.writes());
 }
 
+/// A cluster of two, initialised, whose primary `orders-0` serves
+/// timeline 3, as the API server holds it (version 7).
+fn serving_cluster() -> DatabaseCluster {
+    let mut cluster = fixtures::cluster(2, &[]);
+    cluster.metadata.resource_version = Some("7".into());
+    cluster.status = Some(DatabaseClusterStatus {
+        initialized: true,
+        current_primary: Some("orders-0".into()),
+        timeline: Some(3),
+        ..DatabaseClusterStatus::default()
+    });
+    cluster
+}
+
 /// A Lease in the cluster's membership, renewed `seconds_ago`, reporting
 /// `observed`. Its time in microseconds, as the API server keeps it: the
 /// promotion compares the cached Lease with a fresh read.
@@ -412,14 +419,7 @@ fn member_lease(pod: &str, seconds_ago: i64, observed: serde_json::Value) -> Lea
 /// promotion before any child is applied.
 #[tokio::test]
 async fn a_child_that_cannot_be_written_does_not_hold_up_a_failover() {
-    let mut cluster = fixtures::cluster(2, &[]);
-    cluster.metadata.resource_version = Some("7".into());
-    cluster.status = Some(DatabaseClusterStatus {
-        initialized: true,
-        current_primary: Some("orders-0".into()),
-        timeline: Some(3),
-        ..DatabaseClusterStatus::default()
-    });
+    let cluster = serving_cluster();
     let (fake, client) = fake_with(&cluster);
     let leases = [
         member_lease(
@@ -488,14 +488,7 @@ async fn a_child_that_cannot_be_written_does_not_hold_up_a_failover() {
 /// for longer than the failover delay.
 #[tokio::test]
 async fn a_deleted_primary_lease_is_recreated_and_deposes_no_one() {
-    let mut cluster = fixtures::cluster(2, &[]);
-    cluster.metadata.resource_version = Some("7".into());
-    cluster.status = Some(DatabaseClusterStatus {
-        initialized: true,
-        current_primary: Some("orders-0".into()),
-        timeline: Some(3),
-        ..DatabaseClusterStatus::default()
-    });
+    let cluster = serving_cluster();
     let cluster = Arc::new(cluster);
     let (fake, client) = fake_with(&cluster);
     let replica = member_lease(
