@@ -19,6 +19,10 @@ pub struct Member {
     pub observed: ObservedState,
     /// Deposed by a failover; it must not serve as a primary.
     pub fenced: bool,
+    /// How long after its last renewal it fences itself, as it says in its
+    /// Lease (`spec.leaseDurationSeconds`): the bound it runs with, which a
+    /// spec changed since does not move until its pod restarts.
+    pub fence_after: Option<Duration>,
 }
 
 impl Member {
@@ -38,6 +42,12 @@ impl Member {
                 .and_then(|json| serde_json::from_str(json).ok())
                 .unwrap_or_default(),
             fenced: annotations.get(FENCED_ANNOTATION).map(String::as_str) == Some("true"),
+            fence_after: lease
+                .spec
+                .as_ref()
+                .and_then(|s| s.lease_duration_seconds)
+                .and_then(|seconds| u64::try_from(seconds).ok())
+                .map(Duration::from_secs),
         }
     }
 
@@ -147,11 +157,11 @@ pub fn decide(
     now: Timestamp,
 ) -> Decision {
     let current = members.iter().find(|m| m.pod == primary);
-    let Some(loss) = loss(current, not_serving_for, policy.delay, now) else {
+    let delay = lost_after(policy.delay, current);
+    let Some(loss) = loss(current, not_serving_for, delay, now) else {
         let silent = current.and_then(|m| m.silent_for(now)).unwrap_or_default();
-        let until_stale = policy.delay.saturating_sub(silent);
-        let until_unserving =
-            not_serving_for.map_or(policy.delay, |d| policy.delay.saturating_sub(d));
+        let until_stale = delay.saturating_sub(silent);
+        let until_unserving = not_serving_for.map_or(delay, |d| delay.saturating_sub(d));
         return Decision::Keep {
             recheck: until_stale.min(until_unserving) + Duration::from_millis(500),
         };
@@ -278,6 +288,18 @@ struct Loss {
     written_last: Option<Timestamp>,
 }
 
+/// How long the primary must be silent to be lost: the failover delay, or
+/// twice the fence bound the primary runs with if that is longer. A delay
+/// lowered in the spec (60 → 10 s) reaches the controller at once but the
+/// running primary only when its pod restarts, last in a rollout; until
+/// then it would still write for 30 s after its last renewal, and a
+/// failover after 10 s would make two primaries.
+fn lost_after(delay: Duration, primary: Option<&Member>) -> Duration {
+    primary
+        .and_then(|m| m.fence_after)
+        .map_or(delay, |fence| delay.max(fence * 2))
+}
+
 /// The primary's loss, if it is lost: silent, or not serving, or without a
 /// membership Lease, for longer than `delay`.
 fn loss(
@@ -377,6 +399,7 @@ mod tests {
                 ..ObservedState::default()
             },
             fenced: false,
+            fence_after: None,
         }
     }
 
@@ -699,6 +722,38 @@ mod tests {
             panic!("expected a promotion");
         };
         assert_eq!(reason, "no heartbeat for 30 s");
+    }
+
+    #[test]
+    fn a_primary_running_a_longer_fence_is_lost_only_after_twice_that_fence() {
+        // The spec lowered the delay to 10 s; the primary still runs with
+        // the fence of the 60 s before (30 s), until its pod restarts.
+        let with_fence = |seconds_ago| Member {
+            fence_after: Some(Duration::from_secs(30)),
+            ..member("db-0", seconds_ago, "primary", 1, "0/9")
+        };
+        let replica = member("db-1", 1, "replica", 1, "0/9");
+        let members = [with_fence(15), replica.clone()];
+        let Decision::Keep { recheck } = decide("db-0", &members, Some(1), None, POLICY, now())
+        else {
+            panic!("deposed while it may still write");
+        };
+        assert!(recheck >= Duration::from_secs(45), "{recheck:?}");
+        let members = [with_fence(61), replica];
+        assert_eq!(
+            promoted(&decide("db-0", &members, Some(1), None, POLICY, now())),
+            Some("db-1")
+        );
+        // A fence shorter than half the delay changes nothing.
+        let short = Member {
+            fence_after: Some(Duration::from_secs(3)),
+            ..member("db-0", 11, "primary", 1, "0/9")
+        };
+        let members = [short, member("db-1", 1, "replica", 1, "0/9")];
+        assert_eq!(
+            promoted(&decide("db-0", &members, Some(1), None, POLICY, now())),
+            Some("db-1")
+        );
     }
 
     #[test]

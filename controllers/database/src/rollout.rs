@@ -215,6 +215,7 @@ mod tests {
                 ..ObservedState::default()
             },
             fenced: false,
+            fence_after: None,
         }
     }
 

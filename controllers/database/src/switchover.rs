@@ -119,6 +119,7 @@ mod tests {
                 ..ObservedState::default()
             },
             fenced: false,
+            fence_after: None,
         }
     }
 
