@@ -33,6 +33,9 @@
 #   hack/local-cluster.sh cut-from-apiserver|heal-from-apiserver STATE_DIR POD_IP
 #                                            drop a pod's packets to the API
 #                                            server (nothing else), and undo it
+#   hack/local-cluster.sh cut-between|heal-between STATE_DIR POD_IP POD_IP
+#                                            drop every packet between two pods,
+#                                            both ways, and undo it
 #
 # CAIRN_REAL_NODES: how many real nodes, one per zone (default 3; 0 for none).
 # One cluster with real nodes runs on a machine at a time (they share the
@@ -529,6 +532,8 @@ case "$cmd" in
   thaw-task) shift 2; thaw_task "$@" ;;
   cut-from-apiserver) APISERVER_URL=$(state_value CAIRN_APISERVER); cut_from_apiserver -I "${3:?pod IP}" ;;
   heal-from-apiserver) APISERVER_URL=$(state_value CAIRN_APISERVER); cut_from_apiserver -D "${3:?pod IP}" ;;
+  cut-between) cut_between -I "${3:?pod IP}" "${4:?pod IP}" ;;
+  heal-between) cut_between -D "${3:?pod IP}" "${4:?pod IP}" ;;
   env) running || die "no running local cluster in $STATE (start it: hack/local-cluster.sh up)"; cat "$STATE/env" ;;
   *) usage ;;
 esac

@@ -314,6 +314,14 @@ cut_from_apiserver() {
   iptables "$1" INPUT -s "$2" -d "$API_IP" -p tcp --dport "$port" -j DROP
 }
 
+# cut_between ACTION IP IP: drops (ACTION -I) or lets through again (-D)
+# every packet between two pods, both ways, as a partition of the database
+# network between them would. First in FORWARD: established flows too.
+cut_between() {
+  iptables "$1" FORWARD -s "$2" -d "$3" -j DROP
+  iptables "$1" FORWARD -s "$3" -d "$2" -j DROP
+}
+
 # container_task NAMESPACE POD CONTAINER: the containerd task of the pod's
 # container on its real node, as "SOCKET ID".
 container_task() {

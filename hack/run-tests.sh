@@ -64,7 +64,7 @@ REAL_NODES=(
 )
 ALONE=(
   e2e/conversion_webhook e2e/webhook_self_managed e2e/webhook_rotation
-  controllers/database/probes controllers/database/leftovers e2e/chaos
+  controllers/database/probes controllers/database/leftovers e2e/api_outage e2e/chaos
 )
 # Seconds a binary may run (the slowest take about half of their limit).
 LIMIT=600

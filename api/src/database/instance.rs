@@ -56,6 +56,10 @@ pub const POSTGRES_PORT: u16 = 5432;
 pub const INSTANCE_HTTP_PORT: u16 = 8000;
 /// Prometheus metrics of the database (`cairn_postgres_*`).
 pub const INSTANCE_METRICS_PORT: u16 = 9187;
+/// UDP: a primary's claims to the other members and their acknowledgements
+/// (the instance's `peers` module), which keep it serving while it cannot
+/// reach the API server and keep a replica that hears it from promoting.
+pub const INSTANCE_PEER_PORT: u16 = 8001;
 
 /// Where the data volume is mounted, and PGDATA inside it (a sub-folder, so
 /// the volume's root, which may hold `lost+found`, is never the data folder).
@@ -114,6 +118,11 @@ pub struct ObservedState {
     /// position, which every streaming replica received. Absent while running.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shutdown_position: Option<String>,
+    /// A replica that heard another member claim to be a writable primary
+    /// within its hold time: that member's pod. Such a replica refuses to
+    /// be promoted, and the controller does not choose it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hears_primary: Option<String>,
     /// Why the server is not serving in its assigned role, when it is not
     /// (bootstrap refused, fenced, crash-looping...).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -125,6 +125,10 @@ pub enum Decision {
     },
     /// The primary is lost and no replica may take over; `reason` says why.
     Wait { reason: String, recheck: Duration },
+    /// The primary renews no heartbeat, but every running replica still
+    /// hears it claim to be a writable primary: it serves, cut off from the
+    /// API server alone, and none would promote.
+    Heard { reason: String, recheck: Duration },
 }
 
 /// The policy to fail over by when the spec cannot be trusted (it is
@@ -185,6 +189,23 @@ pub fn decide(
             recheck,
         };
     }
+    // A replica that hears the primary claim writes refuses to promote (the
+    // instance's `peers`); while every one does, the primary serves.
+    let (hearing, not_hearing): (Vec<&Member>, Vec<&Member>) = candidates
+        .iter()
+        .partition(|m| m.observed.hears_primary.as_deref() == Some(primary));
+    if not_hearing.is_empty() {
+        let names: Vec<&str> = hearing.iter().map(|m| m.pod.as_str()).collect();
+        return Decision::Heard {
+            reason: format!(
+                "primary {primary} renews no heartbeat ({reason}), but {} still hear it claim \
+                 writes: it serves, cut off from the API server, and is not replaced",
+                names.join(", ")
+            ),
+            recheck,
+        };
+    }
+    candidates = not_hearing;
     // A replica's WAL position reaches its Lease by its next heartbeat, so a
     // report made before the primary's last write may understate what it
     // holds; promoting another replica would then leave it ahead of the new
@@ -439,6 +460,61 @@ mod tests {
             unreachable!()
         };
         assert_eq!(reason, "no heartbeat for 11 s");
+    }
+
+    fn hearing(mut member: Member, primary: &str) -> Member {
+        member.observed.hears_primary = Some(primary.to_owned());
+        member
+    }
+
+    #[test]
+    fn a_silent_primary_every_replica_hears_serves_on_and_is_not_replaced() {
+        let members = [
+            member("db-0", 30, "primary", 1, "0/9000000"),
+            hearing(member("db-1", 1, "replica", 1, "0/9000000"), "db-0"),
+            hearing(member("db-2", 1, "replica", 1, "0/9000000"), "db-0"),
+        ];
+        let decision = decide("db-0", &members, None, None, POLICY, now());
+        let Decision::Heard { reason, .. } = decision else {
+            panic!("expected the primary kept, heard: {decision:?}");
+        };
+        assert!(reason.contains("db-1, db-2 still hear it"), "{reason}");
+    }
+
+    #[test]
+    fn a_replica_that_hears_the_primary_is_not_chosen() {
+        // db-1 is ahead but still hears db-0 (it would refuse): db-2 is
+        // promoted, which hears nothing.
+        let members = [
+            member("db-0", 30, "primary", 1, "0/9000000"),
+            hearing(member("db-1", 1, "replica", 1, "0/9000000"), "db-0"),
+            member("db-2", 1, "replica", 1, "0/8000000"),
+        ];
+        let decision = decide("db-0", &members, None, None, POLICY, now());
+        assert_eq!(promoted(&decision), Some("db-2"));
+        // Hearing another member (a former primary) does not count.
+        let members = [
+            member("db-0", 30, "primary", 1, "0/9000000"),
+            hearing(member("db-1", 1, "replica", 1, "0/9000000"), "db-2"),
+        ];
+        let decision = decide("db-0", &members, None, None, POLICY, now());
+        assert_eq!(promoted(&decision), Some("db-1"));
+    }
+
+    #[test]
+    fn with_synchronous_replicas_one_that_hears_the_primary_holds_the_failover() {
+        // Commits wait for one of two: db-1, which still hears db-0, may
+        // hold the last ones; db-2 alone is not enough.
+        let members = [
+            member("db-0", 30, "primary", 1, "0/9000000"),
+            hearing(member("db-1", 1, "replica", 1, "0/9000000"), "db-0"),
+            member("db-2", 1, "replica", 1, "0/8000000"),
+        ];
+        let decision = decide("db-0", &members, None, None, quorum(1, 3), now());
+        assert!(
+            matches!(&decision, Decision::Wait { reason, .. } if reason.contains("2 replicas must report")),
+            "{decision:?}"
+        );
     }
 
     #[test]

@@ -47,6 +47,8 @@ pub struct Roles {
     pub last_failover: Option<FailoverRecord>,
     /// Why a lost primary is not replaced yet.
     pub waiting: Option<String>,
+    /// The primary renews no heartbeat but its replicas hear it serve.
+    pub heard: Option<String>,
     pub recheck: Duration,
     /// The primary serves and no switchover is under way: a rollout may
     /// restart an instance.
@@ -80,6 +82,7 @@ pub async fn step(
         false => decide(ctx, cluster, &primary, members, policy, now.0),
     };
     let mut waiting = None;
+    let mut heard = None;
     let mut steady = false;
     let recheck = match decision {
         Decision::Keep { recheck } => {
@@ -88,6 +91,10 @@ pub async fn step(
         }
         Decision::Wait { reason, recheck } => {
             waiting = Some(reason);
+            recheck
+        }
+        Decision::Heard { reason, recheck } => {
+            heard = Some(reason);
             recheck
         }
         Decision::Promote {
@@ -130,6 +137,7 @@ pub async fn step(
         switching,
         last_failover,
         waiting,
+        heard,
         recheck,
         steady,
         timeline,

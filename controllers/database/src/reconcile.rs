@@ -186,6 +186,9 @@ fn status_of(cluster: &DatabaseCluster, outcome: Outcome, now: &Time) -> Databas
         roles.waiting,
         now,
     );
+    if let Some(heard) = &roles.heard {
+        status::primary_heard(&mut status, cluster, heard, now);
+    }
     status::switchover(&mut status, cluster, roles.switching, now);
     let archive = primary_report.and_then(|report| report.wal_archive.as_ref());
     status::archiving(&mut status, cluster, archive, now);

@@ -33,6 +33,7 @@ pub mod reason {
     pub const PAUSED: &str = "Paused";
     pub const FAILING_OVER: &str = "FailingOver";
     pub const FAILOVER_BLOCKED: &str = "FailoverBlocked";
+    pub const PRIMARY_CUT_OFF: &str = "PrimaryCutOffFromAPIServer";
     pub const SWITCHING_OVER: &str = "SwitchingOver";
     pub const SWITCHOVER_REFUSED: &str = "SwitchoverRefused";
     pub const STORAGE_EXPANSION_NOT_SUPPORTED: &str = "StorageExpansionNotSupported";
@@ -284,6 +285,29 @@ pub fn failover(
         );
     }
     status.phase = Some(DatabaseClusterPhase::Degraded);
+}
+
+/// The primary renews no heartbeat while its replicas hear it serve: the
+/// database takes writes, but the controller cannot see it, and a fault of
+/// its peers now would stop them (`Degraded`; `Ready` stays as the
+/// instances' probes say).
+pub fn primary_heard(
+    status: &mut DatabaseClusterStatus,
+    cluster: &DatabaseCluster,
+    message: &str,
+    now: &Time,
+) {
+    conditions::set(
+        &mut status.conditions,
+        conditions::new(
+            DEGRADED,
+            true,
+            reason::PRIMARY_CUT_OFF,
+            message,
+            cluster.metadata.generation,
+            now.clone(),
+        ),
+    );
 }
 
 /// The status of a paused cluster: conditions say so, nothing else changes.

@@ -70,6 +70,9 @@ pub struct Config {
     /// How often the membership Lease is renewed (the heartbeat).
     #[arg(long, env = "CAIRN_HEARTBEAT_MILLISECONDS", default_value_t = contract::HEARTBEAT_MILLISECONDS)]
     pub heartbeat_milliseconds: u64,
+    /// The UDP port of the peers' claims and acknowledgements (`peers`).
+    #[arg(long, env = "CAIRN_PEER_PORT", default_value_t = contract::INSTANCE_PEER_PORT)]
+    pub peer_port: u16,
     /// A primary that renewed no heartbeat for this long stops taking writes.
     #[arg(long, env = contract::FENCE_SECONDS_ENV, default_value_t = 5)]
     pub fence_seconds: u64,

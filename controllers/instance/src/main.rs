@@ -67,8 +67,8 @@ async fn run(config: Config) -> Result<(), Error> {
     let membership = Membership::start(&config, &state, &children).await?;
     tracing::info!(version = env!("CARGO_PKG_VERSION"), http = %config.http_address, metrics = %config.metrics_address, "cairn-instance starting");
     let verification = Verification::start(&config, &state);
-    let (assignment, heartbeat) = (membership.assignment.clone(), membership.heartbeat.clone());
-    let supervisor = Supervisor::new(config, children, state, assignment, heartbeat);
+    let (assignment, primacy) = (membership.assignment.clone(), membership.primacy.clone());
+    let supervisor = Supervisor::new(config, children, state, assignment, primacy);
     tokio::select! {
         served = listeners => return served,
         () = supervisor.run(verification.or_verdict(shutdown)) => {}

@@ -23,6 +23,7 @@ use serde_json::json;
 use tokio::sync::watch;
 
 use crate::observe::Role;
+use crate::peers::{ACK_WINDOW, Peers};
 
 /// What the controller assigned this instance.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -47,6 +48,9 @@ pub struct Heartbeat {
     /// None outside a pod: no heartbeat, no fencing.
     state: Option<Mutex<Renewal>>,
     fence_after: Duration,
+    /// The other members, which keep a primary serving past the fence
+    /// while every one of them acknowledges its claims.
+    peers: Option<Arc<Peers>>,
 }
 
 #[derive(Default)]
@@ -63,20 +67,24 @@ impl Heartbeat {
         Arc::new(Self {
             state: None,
             fence_after: Duration::ZERO,
+            peers: None,
         })
     }
 
-    pub fn new(fence_after: Duration) -> Arc<Self> {
+    pub fn new(fence_after: Duration, peers: Option<Arc<Peers>>) -> Arc<Self> {
         Arc::new(Self {
             state: Some(Mutex::default()),
             fence_after,
+            peers,
         })
     }
 
     /// Why this instance must not serve writes now, if it must not: fenced
     /// by the controller, or no successful renewal within the fence time
     /// (the controller may promote a replica once the failover delay passes,
-    /// which is at least twice as long).
+    /// which is at least twice as long) while not every other member
+    /// acknowledged a recent claim (`peers`: a primary cut off from the API
+    /// server alone keeps serving, since no replica would promote).
     pub fn forbids_primary(&self) -> Option<String> {
         let renewal = self
             .state
@@ -88,10 +96,23 @@ impl Heartbeat {
         }
         match renewal.last_renewed {
             None => Some("no heartbeat renewed yet".to_owned()),
-            Some(at) if at.elapsed() > self.fence_after => Some(format!(
-                "fenced: no heartbeat renewed within {} s",
-                self.fence_after.as_secs()
-            )),
+            Some(at) if at.elapsed() > self.fence_after => {
+                let peers = self
+                    .peers
+                    .as_ref()
+                    .map(|p| p.all_acknowledged_within(ACK_WINDOW));
+                match peers {
+                    Some(Ok(_)) => None,
+                    Some(Err(why)) => Some(format!(
+                        "fenced: no heartbeat renewed within {} s, and {why}",
+                        self.fence_after.as_secs()
+                    )),
+                    None => Some(format!(
+                        "fenced: no heartbeat renewed within {} s",
+                        self.fence_after.as_secs()
+                    )),
+                }
+            }
             Some(_) => None,
         }
     }
@@ -270,6 +291,7 @@ pub async fn renew(
 fn urgent(written: &ObservedState, now: &ObservedState) -> bool {
     written.ready != now.ready
         || written.role != now.role
+        || written.hears_primary != now.hears_primary
         || written.timeline != now.timeline
         || written.shutdown_position != now.shutdown_position
 }
@@ -320,7 +342,7 @@ mod tests {
 
     #[test]
     fn a_primary_needs_a_recent_renewal_and_no_fencing() {
-        let heartbeat = Heartbeat::new(Duration::from_secs(5));
+        let heartbeat = Heartbeat::new(Duration::from_secs(5), None);
         assert!(heartbeat.forbids_primary().is_some(), "never renewed");
         heartbeat.record(Instant::now(), false);
         assert_eq!(heartbeat.forbids_primary(), None);

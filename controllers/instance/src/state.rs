@@ -48,6 +48,9 @@ pub struct Status {
     pub received_position: Option<String>,
     /// The shutdown checkpoint of a primary stopped for a demotion.
     pub shutdown_position: Option<String>,
+    /// The member whose claim to be a writable primary this one heard
+    /// within the hold time (`peers`): it refuses promotion meanwhile.
+    pub hears_primary: Option<String>,
     pub streaming: Option<bool>,
     pub server_version: Option<String>,
     pub pending_restart: Vec<String>,
@@ -113,6 +116,7 @@ impl State {
                 received_position: status.received_position.clone(),
                 server_version: status.server_version.clone(),
                 shutdown_position: status.shutdown_position.clone(),
+                hears_primary: status.hears_primary.clone(),
                 problem: (!status.ready)
                     .then(|| status.last_error.clone().or_else(|| status.reason.clone()))
                     .flatten(),

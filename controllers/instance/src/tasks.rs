@@ -18,9 +18,12 @@ use crate::error::{Context, Error};
 use crate::membership::{self, Assignment, Bootstrap, Heartbeat};
 use crate::metrics::Metrics;
 use crate::observe::Role;
+use crate::peers::Peers;
+use crate::primacy::Primacy;
 use crate::restore::WalFetcher;
 use crate::state::State;
 use crate::{backup, server, verify};
+use cairn_api::database::instance as contract;
 
 /// Installs the handlers of SIGTERM and SIGINT now (the controllers' own,
 /// from the runtime); the future completes at the first of them.
@@ -129,8 +132,8 @@ fn wal_archiver(config: &Config, state: &Arc<State>) -> Result<Option<Arc<Archiv
 pub struct Membership {
     /// The role (and how to bootstrap) for the supervisor.
     pub assignment: watch::Receiver<Assignment>,
-    /// The Lease's last renewal, which fences a primary that cannot renew.
-    pub heartbeat: Arc<Heartbeat>,
+    /// The heartbeat, the peers and the fence.
+    pub primacy: Primacy,
     renewer: Option<JoinHandle<()>>,
     done: watch::Sender<bool>,
 }
@@ -143,10 +146,10 @@ impl Membership {
     ) -> Result<Self, Error> {
         let (done, finished) = watch::channel(false);
         let (assignment, assigned) = watch::channel(Assignment::default());
-        let (heartbeat, renewer) = follow(config, state, children, assignment, finished).await?;
+        let (primacy, renewer) = follow(config, state, children, assignment, finished).await?;
         Ok(Self {
             assignment: assigned,
-            heartbeat,
+            primacy,
             renewer,
             done,
         })
@@ -171,14 +174,14 @@ async fn follow(
     children: &Children,
     assignment: watch::Sender<Assignment>,
     done: watch::Receiver<bool>,
-) -> Result<(Arc<Heartbeat>, Option<JoinHandle<()>>), Error> {
+) -> Result<(Primacy, Option<JoinHandle<()>>), Error> {
     if config.verify {
         tracing::info!("verifying a backup: restoring it as a primary, no membership");
         let _ = assignment.send(Assignment {
             role: Some(Role::Primary),
             bootstrap: Some(Bootstrap::Restore),
         });
-        return Ok((Heartbeat::none(), None));
+        return Ok((Primacy::none(), None));
     }
     let in_pod = match (&config.pod_name, &config.pod_namespace) {
         (Some(name), Some(namespace)) if config.membership => {
@@ -199,13 +202,24 @@ async fn follow(
             bootstrap,
             assignment,
         ));
-        return Ok((Heartbeat::none(), None));
+        return Ok((Primacy::none(), None));
     };
     // In a pod, the API is the only source of the role: no client, no start.
     let client = kube::Client::try_default()
         .await
         .map_err(|e| Error::Setup(format!("no Kubernetes client for the membership: {e}")))?;
-    let heartbeat = Heartbeat::new(Duration::from_secs(config.fence_seconds));
+    let peers = start_peers(config, &name).await?;
+    let heartbeat = Heartbeat::new(Duration::from_secs(config.fence_seconds), peers.clone());
+    let primacy = Primacy::new(heartbeat.clone(), peers);
+    if let Some(peers) = &primacy.peers {
+        let allowed = heartbeat.clone();
+        let assigned = assignment.subscribe();
+        tokio::spawn(peers.clone().run(
+            move || allowed.forbids_primary().is_none(),
+            move || assigned.borrow().role == Some(Role::Replica),
+            state.clone(),
+        ));
+    }
     start_backups(config, state, children, &client, &namespace, &name)?;
     tokio::spawn(membership::watch_pod(
         kube::Api::<Pod>::namespaced(client.clone(), &namespace),
@@ -216,11 +230,41 @@ async fn follow(
         kube::Api::<Lease>::namespaced(client, &namespace),
         name,
         state.observed(),
-        heartbeat.clone(),
+        heartbeat,
         Duration::from_millis(config.heartbeat_milliseconds.max(100)),
         done,
     ));
-    Ok((heartbeat, Some(renewer)))
+    Ok((primacy, Some(renewer)))
+}
+
+/// The other members, reached at `<pod>.<cluster>` (the headless Service)
+/// on the peer port; none without a cluster name.
+async fn start_peers(config: &Config, pod: &str) -> Result<Option<Arc<Peers>>, Error> {
+    let Some(cluster) = config.cluster.clone() else {
+        return Ok(None);
+    };
+    let address = std::net::SocketAddr::from(([0, 0, 0, 0], config.peer_port));
+    // Without the port the primary fences at its bound, as with no peers:
+    // safe, only less available.
+    let socket = match tokio::net::UdpSocket::bind(address).await {
+        Ok(socket) => socket,
+        Err(error) => {
+            tracing::error!(%error, %address, "cannot listen for the peers: a primary will fence without its heartbeat");
+            return Ok(None);
+        }
+    };
+    let port = config.peer_port;
+    let subdomain = cluster.clone();
+    Ok(Some(Peers::new(
+        pod.to_owned(),
+        cluster,
+        config.config_dir.join(contract::MEMBERS_FILE),
+        config
+            .credentials_dir
+            .join(contract::REPLICATION_PASSWORD_KEY),
+        move |member| format!("{member}.{subdomain}:{port}"),
+        socket,
+    )))
 }
 
 /// Base backups on request, when the cluster has a backup destination.

@@ -340,6 +340,27 @@ impl LocalCluster {
         .map(drop)
     }
 
+    /// Drops every packet between two pods, both ways.
+    pub fn cut_between(&self, pod_ip: &str, other_ip: &str) -> Result<(), Error> {
+        run_script(&[
+            "cut-between",
+            &self.state_dir.to_string_lossy(),
+            pod_ip,
+            other_ip,
+        ])
+        .map(drop)
+    }
+
+    pub fn heal_between(&self, pod_ip: &str, other_ip: &str) -> Result<(), Error> {
+        run_script(&[
+            "heal-between",
+            &self.state_dir.to_string_lossy(),
+            pod_ip,
+            other_ip,
+        ])
+        .map(drop)
+    }
+
     /// The number (1-based) of the real node a node name denotes.
     pub fn real_node_number(node_name: &str) -> Option<u32> {
         node_name.strip_prefix("cairn-node-")?.parse().ok()

@@ -20,8 +20,9 @@ use cairn_runtime::errors::{Backoff, Retries};
 use crate::children::Children;
 use crate::config::Config;
 use crate::error::{Context, Error};
-use crate::membership::{Assignment, Heartbeat};
+use crate::membership::Assignment;
 use crate::observe::Role;
+use crate::primacy::Primacy;
 use crate::state::{Phase, State};
 use crate::tls::Tls;
 
@@ -42,7 +43,7 @@ pub struct Supervisor {
     children: Children,
     state: Arc<State>,
     assignment: tokio::sync::watch::Receiver<Assignment>,
-    heartbeat: Arc<Heartbeat>,
+    primacy: Primacy,
 }
 
 impl Supervisor {
@@ -51,7 +52,7 @@ impl Supervisor {
         children: Children,
         state: Arc<State>,
         assignment: tokio::sync::watch::Receiver<Assignment>,
-        heartbeat: Arc<Heartbeat>,
+        primacy: Primacy,
     ) -> Self {
         Self {
             tls: Tls::new(&config.tls_dir, &config.run_dir),
@@ -59,7 +60,7 @@ impl Supervisor {
             children,
             state,
             assignment,
-            heartbeat,
+            primacy,
         }
     }
 
@@ -113,6 +114,9 @@ impl Supervisor {
             };
             let started = Instant::now();
             let signaller = postgres.signaller();
+            if role == Role::Primary {
+                self.primacy.serving(signaller.clone());
+            }
             let exit = tokio::select! {
                 exit = postgres.wait() => exit,
                 restart = self.watch(signaller, role) => {
@@ -127,6 +131,7 @@ impl Supervisor {
                             self.report_shutdown_position().await;
                         }
                     }
+                    self.primacy.stopped().await;
                     reclone = restart.reclone;
                     // A restart asked for is no failure, and postgres did
                     // start: the failures before it are over. Otherwise a
@@ -138,9 +143,20 @@ impl Supervisor {
                 }
                 () = &mut shutdown => {
                     self.stop(&mut postgres, true).await;
+                    self.primacy.stopped().await;
                     break;
                 }
             };
+            self.primacy.stopped().await;
+            // Stopped by the fence: no failure; it waits for a role it may take.
+            if role == Role::Primary
+                && let Some(why) = self.primacy.forbids_primary()
+            {
+                tracing::warn!(%exit, reason = %why, "postgres stopped by the fence");
+                self.state.error(why);
+                backoff.reset();
+                continue;
+            }
             self.state.metrics.restarts.inc();
             self.state.update(|s| s.postgres_restarts += 1);
             let mut message = format!("postgres exited unexpectedly ({exit}); starting it again");
@@ -168,13 +184,18 @@ impl Supervisor {
     }
 
     /// The assigned role, once there is one this instance may take: a
-    /// primary also needs a fresh heartbeat and no fencing.
+    /// primary also needs a fresh heartbeat, no fencing, and no other
+    /// member claiming to be a writable primary.
     async fn wait_for_role(&self) -> Role {
         let mut assignment = self.assignment.clone();
         let mut logged = None;
         loop {
             let waiting = match self.read_role() {
-                Ok(Role::Primary) => match self.heartbeat.forbids_primary() {
+                Ok(Role::Primary) => match self
+                    .primacy
+                    .forbids_primary()
+                    .or_else(|| self.primacy.forbids_promotion())
+                {
                     None => Ok(Role::Primary),
                     Some(why) => Err(Error::Waiting(why)),
                 },

@@ -59,6 +59,7 @@ impl Supervisor {
         let mut dump_loaded = !self.dump_pending();
         let (mut next_load, mut load_failures) = (Instant::now(), 0);
         let mut promoted = false;
+        let mut promotion_held: Option<String> = None;
         let mut last_streaming: Option<Instant> = None;
         let mut primary_answering_since: Option<Instant> = None;
         let started = Instant::now();
@@ -84,7 +85,7 @@ impl Supervisor {
                 );
             }
             if assigned == Role::Primary
-                && let Some(why) = self.heartbeat.forbids_primary()
+                && let Some(why) = self.primacy.forbids_primary()
             {
                 self.state.error(why.clone());
                 return Restart {
@@ -181,7 +182,16 @@ impl Supervisor {
                 }
                 // A restore's recovery ends by itself, at its target.
                 (Role::Primary, true) if !promoted && !self.restoring() => {
-                    promoted = self.promote(&connection.client).await;
+                    match self.primacy.forbids_promotion() {
+                        Some(why) => {
+                            if promotion_held.as_ref() != Some(&why) {
+                                tracing::warn!(reason = %why, "assigned primary, waiting");
+                                promotion_held = Some(why.clone());
+                            }
+                            self.state.update(|s| s.reason = Some(why));
+                        }
+                        None => promoted = self.promote(&connection.client, &postgres).await,
+                    }
                 }
                 (Role::Primary, false) if !roles_current => {
                     roles_current = self.ensure_roles(&connection.client).await;
@@ -260,13 +270,15 @@ impl Supervisor {
         }
     }
 
-    async fn promote(&self, client: &Client) -> bool {
+    async fn promote(&self, client: &Client, postgres: &Signaller) -> bool {
         tracing::info!("assigned primary while in recovery: promoting");
         if let Err(error) = self.write_conf(Role::Primary) {
             self.state.failed(&error);
             return false;
         }
         self.make_member_slots(client).await;
+        // Claims and the fence before the first write the promotion allows.
+        self.primacy.serving(postgres.clone());
         match client
             .execute("SELECT pg_promote(wait => false)", &[])
             .await
