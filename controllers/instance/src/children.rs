@@ -136,6 +136,20 @@ impl Children {
         self.spawn_registered(command).map(|(_, child)| child)
     }
 
+    /// Starts `command` with a pipe to its stdin, which it gets with it.
+    pub fn spawn_with_stdin(
+        &self,
+        command: &mut Command,
+    ) -> std::io::Result<(Child, std::process::ChildStdin)> {
+        command.stdin(Stdio::piped());
+        let (mut std_child, child) = self.spawn_registered(command)?;
+        let stdin = std_child
+            .stdin
+            .take()
+            .ok_or_else(|| std::io::Error::other("no stdin pipe"))?;
+        Ok((child, stdin))
+    }
+
     fn spawn_registered(
         &self,
         command: &mut Command,

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use cairn_instance::children::Children;
 use cairn_instance::config::Config;
 use cairn_instance::error::{Context, Error};
+use cairn_instance::fence;
 use cairn_instance::supervisor::Supervisor;
 use cairn_instance::tasks::{self, Membership, Verification};
 use cairn_instance::wal_clients;
@@ -19,6 +20,12 @@ fn main() -> ExitCode {
     }
     if subcommand.as_ref().is_some_and(|a| a == "wal-restore") {
         return wal_clients::restore(std::env::args_os().skip(1));
+    }
+    if subcommand
+        .as_ref()
+        .is_some_and(|a| a == fence::WATCHDOG_COMMAND)
+    {
+        return fence::watchdog();
     }
     match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

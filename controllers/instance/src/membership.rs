@@ -117,6 +117,28 @@ impl Heartbeat {
         }
     }
 
+    /// How much longer writes stay allowed if nothing new happens (no
+    /// renewal, no acknowledgement): what the fence's watchdog is told.
+    /// None when they are not allowed now; the longest wait outside a pod.
+    pub fn writable_for(&self) -> Option<Duration> {
+        let Some(state) = &self.state else {
+            return Some(Duration::MAX);
+        };
+        let renewal = state.lock().unwrap_or_else(|p| p.into_inner());
+        if renewal.fenced {
+            return None;
+        }
+        let by_heartbeat = self
+            .fence_after
+            .checked_sub(renewal.last_renewed?.elapsed());
+        drop(renewal);
+        let by_peers = self
+            .peers
+            .as_ref()
+            .and_then(|p| p.acknowledged_for(ACK_WINDOW));
+        by_heartbeat.max(by_peers)
+    }
+
     fn record(&self, sent: Instant, fenced: bool) {
         if let Some(state) = &self.state {
             let mut renewal = state.lock().unwrap_or_else(|p| p.into_inner());
@@ -352,5 +374,14 @@ mod tests {
         heartbeat.record(Instant::now(), true);
         let fenced = heartbeat.forbids_primary().unwrap_or_default();
         assert!(fenced.contains("promoted another instance"), "{fenced}");
+        assert_eq!(heartbeat.writable_for(), None);
+        heartbeat.record(Instant::now() - Duration::from_secs(2), false);
+        let left = heartbeat.writable_for().expect("writable");
+        assert!(
+            left <= Duration::from_secs(3) && left > Duration::from_secs(2),
+            "{left:?}"
+        );
+        heartbeat.record(Instant::now() - Duration::from_secs(6), false);
+        assert_eq!(heartbeat.writable_for(), None);
     }
 }

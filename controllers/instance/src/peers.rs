@@ -310,6 +310,27 @@ impl Peers {
         }
     }
 
+    /// How much longer the acknowledgements now held keep writes allowed
+    /// (each member's latest one ages out `window` after its claim was
+    /// sent); None when they do not allow them now.
+    pub fn acknowledged_for(&self, window: Duration) -> Option<Duration> {
+        self.all_acknowledged_within(window).ok()?;
+        let members = self.members();
+        let inner = self.inner();
+        let claims = inner.claims.as_ref()?;
+        members
+            .iter()
+            .chain(claims.named.values().flatten())
+            .filter(|m| **m != self.me)
+            .map(|m| {
+                let sent = claims.acknowledged.get(m)?;
+                window.checked_sub(sent.elapsed())
+            })
+            .collect::<Option<Vec<_>>>()?
+            .into_iter()
+            .min()
+    }
+
     /// The member whose claim to be a writable primary this one heard
     /// within `HOLD`, if any: it must not be promoted meanwhile.
     pub fn holding_for(&self) -> Option<String> {

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use crate::children::Signaller;
+use crate::children::{Children, Signaller};
 use crate::fence::Fence;
 use crate::membership::Heartbeat;
 use crate::peers::Peers;
@@ -18,10 +18,15 @@ pub struct Primacy {
 }
 
 impl Primacy {
-    /// Starts the fence for `heartbeat`.
-    pub fn new(heartbeat: Arc<Heartbeat>, peers: Option<Arc<Peers>>) -> Self {
+    /// Starts the fence for `heartbeat`, with its watchdog a child of
+    /// `children` when given.
+    pub fn new(
+        heartbeat: Arc<Heartbeat>,
+        peers: Option<Arc<Peers>>,
+        children: Option<&Children>,
+    ) -> Self {
         Self {
-            fence: Fence::start(heartbeat.clone()),
+            fence: Fence::start(heartbeat.clone(), children),
             heartbeat,
             peers,
         }
@@ -29,7 +34,7 @@ impl Primacy {
 
     /// Outside a pod: nothing forbids a primary, nothing is claimed.
     pub fn none() -> Self {
-        Self::new(Heartbeat::none(), None)
+        Self::new(Heartbeat::none(), None, None)
     }
 
     /// Why this instance must not take writes now, if it must not.

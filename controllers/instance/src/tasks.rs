@@ -210,7 +210,7 @@ async fn follow(
         .map_err(|e| Error::Setup(format!("no Kubernetes client for the membership: {e}")))?;
     let peers = start_peers(config, &name).await?;
     let heartbeat = Heartbeat::new(Duration::from_secs(config.fence_seconds), peers.clone());
-    let primacy = Primacy::new(heartbeat.clone(), peers);
+    let primacy = Primacy::new(heartbeat.clone(), peers, Some(children));
     if let Some(peers) = &primacy.peers {
         let allowed = heartbeat.clone();
         let assigned = assignment.subscribe();

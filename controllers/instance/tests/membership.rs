@@ -1,8 +1,9 @@
 //! Membership through the API server, under the Role the database controller
 //! builds for a cluster's instances: the instance learns its role from its pod
 //! (which it may not write), renews its Lease with what it observes, stops
-//! taking writes when relabelled or when its heartbeat cannot be renewed, and
-//! never runs initdb without the controller's bootstrap annotation.
+//! taking writes when relabelled, when its heartbeat cannot be renewed, or
+//! when cairn-instance itself is frozen, and never runs initdb without the
+//! controller's bootstrap annotation.
 
 mod support;
 
@@ -100,6 +101,31 @@ async fn an_instance_follows_its_pod_renews_its_lease_and_fences_itself() -> Res
     primary
         .wait_status(
             "writable after the heartbeat returns",
+            Duration::from_secs(60),
+            writable,
+        )
+        .await?;
+
+    // cairn-instance frozen (SIGSTOP): its fence's thread stops with it,
+    // and its watchdog, a process of its own, stops postgres once the
+    // allowance it was last told runs out (the fence time, 3 s, plus 0.5 s).
+    primary.signal(nix::sys::signal::Signal::SIGSTOP)?;
+    let frozen = std::time::Instant::now();
+    let stopped = loop {
+        if primary.sql().await.is_err() {
+            break frozen.elapsed();
+        }
+        if frozen.elapsed() > Duration::from_secs(20) {
+            break frozen.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    primary.signal(nix::sys::signal::Signal::SIGCONT)?;
+    println!("cairn-instance frozen → postgres takes no connection: {stopped:?}");
+    assert!(stopped < Duration::from_secs(3 + 1 + 2), "{stopped:?}");
+    primary
+        .wait_status(
+            "writable once cairn-instance runs again",
             Duration::from_secs(60),
             writable,
         )

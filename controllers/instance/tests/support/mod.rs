@@ -328,7 +328,10 @@ impl Fixture {
         Ok(self
             .instance(name, "")?
             .env("KUBECONFIG", &kubeconfig.display().to_string())
-            .env("POD_NAMESPACE", &ns.name))
+            .env("POD_NAMESPACE", &ns.name)
+            // Instances of other tests may run on this machine: no shared
+            // port (a single instance here has no peer to reach anyway).
+            .env("CAIRN_PEER_PORT", "0"))
     }
 }
 
