@@ -245,6 +245,14 @@ test_args=("$@")
 ((${#test_args[@]})) || test_args=(--workspace)
 build_tests() {
   cargo test --locked --no-run --message-format=json-render-diagnostics "${test_args[@]}" >"$ARTIFACTS"
+  # One binary's run (`-p cairn-e2e --test X`) still needs the images' and
+  # the plugin's executables: the workspace's test build makes them, a
+  # package's does not. A dev build is the same artifact as the test build's.
+  if [[ ${test_args[*]} != --workspace ]]; then
+    cargo build --locked --bins --message-format=json-render-diagnostics \
+      -p cairn-instance -p cairn-database-controller -p cairn-backup-controller \
+      -p cairn-cloud-controller -p kubectl-cairn >>"$ARTIFACTS"
+  fi
   "$CAIRN_ROOT/hack/prune-target.sh" "$ARTIFACTS"
   # The plugin as this build made it, for e2e/tests/kubectl_plugin.rs.
   CAIRN_KUBECTL_CAIRN=$("$CAIRN_ROOT/hack/artifacts.py" bins "$ARTIFACTS" kubectl-cairn 2>/dev/null || true)

@@ -457,6 +457,14 @@ pub async fn start_writer(ns: &TestNamespace, host: &str) -> Result {
     exec(ns, &["bash", "-c", &launch]).await.map(drop)
 }
 
+/// Table `ticks` created through `host`, the writer started on it, and 20
+/// writes acknowledged: the start of every suite that counts writes.
+pub async fn start_ticks(ns: &TestNamespace, host: &str) -> Result {
+    psql(ns, host, "CREATE TABLE ticks (id bigint PRIMARY KEY)").await?;
+    start_writer(ns, host).await?;
+    until_acknowledged(ns, 20).await
+}
+
 /// Stops the writer [`start_writer`] started.
 pub async fn stop_writer(ns: &TestNamespace) -> Result {
     exec(ns, &["bash", "-c", "kill -- -$(cat /tmp/writer.pid)"])

@@ -15,8 +15,8 @@ use cairn_api::database::instance::ROLE_LABEL;
 use cairn_api::database::v1::DatabaseCluster;
 use cairn_e2e::real::{
     READY_TIMEOUT, Write, cluster_spec, current_primary, namespace_with_controller, node_of,
-    other_real_node, psql, rows_present, start_client_on, start_writer, stop_writer, unix_now,
-    until_acknowledged, until_acknowledged_after, until_psql, until_replicas_follow, writes,
+    other_real_node, psql, rows_present, start_client_on, start_ticks, stop_writer, unix_now,
+    until_acknowledged_after, until_psql, until_replicas_follow, writes,
 };
 use cairn_testing::{Error, LocalCluster, TestNamespace, cluster, wait};
 use futures::TryStreamExt;
@@ -48,9 +48,7 @@ async fn a_stopped_primary_node_fails_over_and_the_old_primary_rejoins() -> Resu
     let node = node_of(&ns, &old_primary).await?;
     let other_node = other_real_node(&ns, CLUSTER, &node).await?;
     start_client_on(&ns, CLUSTER, Some(&other_node)).await?;
-    psql(&ns, RW, "CREATE TABLE ticks (id bigint PRIMARY KEY)").await?;
-    start_writer(&ns, RW).await?;
-    until_acknowledged(&ns, 20).await?;
+    start_ticks(&ns, RW).await?;
     a_deleted_lease_deposes_no_one(&ns, &clusters, &old_primary).await?;
 
     let number = LocalCluster::real_node_number(&node)

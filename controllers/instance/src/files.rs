@@ -1,4 +1,5 @@
-//! Writing files so that a crash leaves the old one or the new one, never half of one.
+//! Writing files so that a crash leaves the old one or the new one, never
+//! half of one; reading the lists the controller writes.
 
 use std::path::Path;
 
@@ -32,4 +33,17 @@ pub fn sync_parent(path: &Path) -> std::io::Result<()> {
         Some(parent) => std::fs::File::open(parent)?.sync_all(),
         None => Ok(()),
     }
+}
+
+/// The cluster's pods as the controller lists them in the members file, one
+/// a line; `None` without the file.
+pub fn members(path: &Path) -> Option<Vec<String>> {
+    let text = std::fs::read_to_string(path).ok()?;
+    Some(
+        text.lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect(),
+    )
 }

@@ -86,34 +86,32 @@ impl Heartbeat {
     /// acknowledged a recent claim (`peers`: a primary cut off from the API
     /// server alone keeps serving, since no replica would promote).
     pub fn forbids_primary(&self) -> Option<String> {
-        let renewal = self
-            .state
-            .as_ref()?
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        // One rule, `writable_for`'s; this only says why.
+        self.writable_for()
+            .is_none()
+            .then(|| self.why_not_writable())
+    }
+
+    fn why_not_writable(&self) -> String {
+        let Some(state) = &self.state else {
+            return "fenced".to_owned();
+        };
+        let renewal = state.lock().unwrap_or_else(|p| p.into_inner());
         if renewal.fenced {
-            return Some("fenced: the controller promoted another instance".to_owned());
+            return "fenced: the controller promoted another instance".to_owned();
         }
-        match renewal.last_renewed {
-            None => Some("no heartbeat renewed yet".to_owned()),
-            Some(at) if at.elapsed() > self.fence_after => {
-                let peers = self
-                    .peers
-                    .as_ref()
-                    .map(|p| p.all_acknowledged_within(ACK_WINDOW));
-                match peers {
-                    Some(Ok(_)) => None,
-                    Some(Err(why)) => Some(format!(
-                        "fenced: no heartbeat renewed within {} s, and {why}",
-                        self.fence_after.as_secs()
-                    )),
-                    None => Some(format!(
-                        "fenced: no heartbeat renewed within {} s",
-                        self.fence_after.as_secs()
-                    )),
-                }
-            }
-            Some(_) => None,
+        if renewal.last_renewed.is_none() {
+            return "no heartbeat renewed yet".to_owned();
+        }
+        drop(renewal);
+        let bound = self.fence_after.as_secs();
+        match self
+            .peers
+            .as_ref()
+            .map(|p| p.all_acknowledged_within(ACK_WINDOW))
+        {
+            Some(Err(why)) => format!("fenced: no heartbeat renewed within {bound} s, and {why}"),
+            _ => format!("fenced: no heartbeat renewed within {bound} s"),
         }
     }
 

@@ -277,16 +277,11 @@ impl Peers {
     /// Ok with how many members acknowledged a claim sent within `window`,
     /// if every other member did; else why not.
     pub fn all_acknowledged_within(&self, window: Duration) -> Result<usize, String> {
-        let members = self.members();
+        let required = self.others();
         let inner = self.inner();
         let Some(claims) = &inner.claims else {
             return Err("it claims no primary role to its peers".to_owned());
         };
-        let required: BTreeSet<&String> = members
-            .iter()
-            .chain(claims.named.values().flatten())
-            .filter(|m| **m != self.me)
-            .collect();
         if required.is_empty() {
             return Err("no other member can confirm that it still reaches them".to_owned());
         }
@@ -295,10 +290,10 @@ impl Peers {
             .filter(|m| {
                 claims
                     .acknowledged
-                    .get(**m)
+                    .get(*m)
                     .is_none_or(|sent| sent.elapsed() > window)
             })
-            .map(|m| m.as_str())
+            .map(String::as_str)
             .collect();
         match missing.is_empty() {
             true => Ok(required.len()),
@@ -315,20 +310,26 @@ impl Peers {
     /// sent); None when they do not allow them now.
     pub fn acknowledged_for(&self, window: Duration) -> Option<Duration> {
         self.all_acknowledged_within(window).ok()?;
-        let members = self.members();
+        let required = self.others();
         let inner = self.inner();
         let claims = inner.claims.as_ref()?;
-        members
+        required
             .iter()
-            .chain(claims.named.values().flatten())
-            .filter(|m| **m != self.me)
-            .map(|m| {
-                let sent = claims.acknowledged.get(m)?;
-                window.checked_sub(sent.elapsed())
-            })
+            .map(|m| window.checked_sub(claims.acknowledged.get(m)?.elapsed()))
             .collect::<Option<Vec<_>>>()?
             .into_iter()
             .min()
+    }
+
+    /// Every member but this one: the members file's, and those the
+    /// acknowledgements of the current claims name.
+    fn others(&self) -> BTreeSet<String> {
+        let mut others: BTreeSet<String> = self.members().into_iter().collect();
+        if let Some(claims) = &self.inner().claims {
+            others.extend(claims.named.values().flatten().cloned());
+        }
+        others.remove(&self.me);
+        others
     }
 
     /// The member whose claim to be a writable primary this one heard
@@ -343,13 +344,7 @@ impl Peers {
     }
 
     fn members(&self) -> Vec<String> {
-        std::fs::read_to_string(&self.members_file)
-            .unwrap_or_default()
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty())
-            .map(str::to_owned)
-            .collect()
+        crate::files::members(&self.members_file).unwrap_or_default()
     }
 
     fn key(&self) -> Vec<u8> {
@@ -376,12 +371,7 @@ impl Peers {
 
     async fn send_all(&self, kind: Kind, run: u64, seq: u64) {
         let key = self.key();
-        let mut others: BTreeSet<String> = self.members().into_iter().collect();
-        if let Some(claims) = &self.inner().claims {
-            others.extend(claims.named.values().flatten().cloned());
-        }
-        others.remove(&self.me);
-        for member in others {
+        for member in self.others() {
             let message = Message {
                 kind,
                 cluster: self.cluster.clone(),

@@ -112,15 +112,7 @@ impl Supervisor {
 
     /// The cluster's pods as the controller lists them; `None` without the file.
     pub(super) fn members(&self) -> Option<Vec<String>> {
-        let text =
-            std::fs::read_to_string(self.config.config_dir.join(contract::MEMBERS_FILE)).ok()?;
-        Some(
-            text.lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty())
-                .map(str::to_owned)
-                .collect(),
-        )
+        crate::files::members(&self.config.config_dir.join(contract::MEMBERS_FILE))
     }
 }
 
