@@ -16,6 +16,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::jiff::Timestamp;
 use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
@@ -34,6 +35,11 @@ pub struct Context {
     /// seen not serving: this process's clock, so a restart of the controller
     /// can only delay a failover, never hasten one.
     pub not_serving_since: Mutex<HashMap<String, (String, Instant)>>,
+    /// Each cluster's members' heartbeats (`namespace/name` → pod → the
+    /// renewal seen, and when this process first saw it): silence is judged
+    /// on this process's monotonic clock, as the runtime's leader election
+    /// does, never by comparing another node's wall clock with this one's.
+    pub sightings: Mutex<HashMap<String, HashMap<String, Sighting>>>,
     /// Every apply and status write, remembered against a lagging cache,
     /// and the decisions recorded that the cache has not shown yet.
     pub applier: Applier,
@@ -55,6 +61,7 @@ impl Context {
             caches,
             metrics,
             not_serving_since: Mutex::default(),
+            sightings: Mutex::default(),
             applier: Applier::default(),
             collector_grace: leftovers::COLLECTOR_GRACE,
         }
@@ -100,7 +107,48 @@ impl Context {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .retain(|key, _| exists(key));
+        self.sightings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|key, _| exists(key));
     }
+}
+
+impl Context {
+    /// For tests: as if this process had watched each Lease since its
+    /// renewal (by this machine's clock), as a long-running controller has.
+    #[cfg(test)]
+    pub fn watched_since_renewal(&self, leases: &[Lease]) {
+        let now = Instant::now();
+        let mut sightings = self.sightings.lock().unwrap_or_else(|p| p.into_inner());
+        for lease in leases {
+            let member = Member::from_lease(lease);
+            let age = member
+                .last_seen
+                .and_then(|seen| Duration::try_from(Timestamp::now().duration_since(seen)).ok())
+                .unwrap_or_default();
+            let cluster = lease
+                .labels()
+                .get("app.kubernetes.io/instance")
+                .cloned()
+                .unwrap_or_default();
+            let key = format!("{}/{cluster}", lease.namespace().unwrap_or_default());
+            sightings.entry(key).or_default().insert(
+                member.pod,
+                Sighting {
+                    renewed: member.last_seen,
+                    first_seen: now.checked_sub(age).unwrap_or(now),
+                },
+            );
+        }
+    }
+}
+
+/// A member's latest heartbeat as this process saw it.
+#[derive(Clone, Copy, Debug)]
+pub struct Sighting {
+    renewed: Option<Timestamp>,
+    first_seen: Instant,
 }
 
 pub(crate) fn key(cluster: &DatabaseCluster) -> String {
@@ -172,6 +220,26 @@ fn members(ctx: &Context, cluster: &DatabaseCluster) -> Vec<Member> {
         .map(|lease| Member::from_lease(lease))
         .collect();
     members.sort_by(|a, b| a.pod.cmp(&b.pod));
+    let mut sightings = ctx.sightings.lock().unwrap_or_else(|p| p.into_inner());
+    let seen = sightings.entry(key(cluster)).or_default();
+    // A heartbeat is new when its renewal differs from the one last seen; a
+    // member first seen by this process (a restart, a new leader) counts
+    // from now, so a restart only ever delays a failover.
+    let now = Instant::now();
+    *seen = members
+        .iter_mut()
+        .map(|member| {
+            let sighting = match seen.get(&member.pod) {
+                Some(old) if old.renewed == member.last_seen => *old,
+                _ => Sighting {
+                    renewed: member.last_seen,
+                    first_seen: now,
+                },
+            };
+            member.silent = Some(now.duration_since(sighting.first_seen));
+            (member.pod.clone(), sighting)
+        })
+        .collect();
     members
 }
 

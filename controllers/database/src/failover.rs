@@ -14,8 +14,12 @@ use kube::ResourceExt;
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Member {
     pub pod: String,
-    /// Its last heartbeat, or when its Lease was created if it never beat.
+    /// Its last heartbeat, or when its Lease was created if it never beat:
+    /// its own node's clock, for records and messages only.
     pub last_seen: Option<Timestamp>,
+    /// How long this controller has seen that heartbeat unchanged, on its
+    /// own monotonic clock (`context::members`); None when not known.
+    pub silent: Option<Duration>,
     pub observed: ObservedState,
     /// Deposed by a failover; it must not serve as a primary.
     pub fenced: bool,
@@ -37,6 +41,7 @@ impl Member {
         Self {
             pod: lease.name_any(),
             last_seen: renewed.or(created),
+            silent: None,
             observed: annotations
                 .get(OBSERVED_ANNOTATION)
                 .and_then(|json| serde_json::from_str(json).ok())
@@ -49,11 +54,6 @@ impl Member {
                 .and_then(|seconds| u64::try_from(seconds).ok())
                 .map(Duration::from_secs),
         }
-    }
-
-    fn silent_for(&self, now: Timestamp) -> Option<Duration> {
-        let since = now.duration_since(self.last_seen?);
-        Some(Duration::try_from(since).unwrap_or_default())
     }
 
     /// Serving writes: postgres answers as a primary and is ready.
@@ -162,8 +162,8 @@ pub fn decide(
 ) -> Decision {
     let current = members.iter().find(|m| m.pod == primary);
     let delay = lost_after(policy.delay, current);
-    let Some(loss) = loss(current, not_serving_for, delay, now) else {
-        let silent = current.and_then(|m| m.silent_for(now)).unwrap_or_default();
+    let Some(loss) = loss(current, not_serving_for, delay) else {
+        let silent = current.and_then(|m| m.silent).unwrap_or_default();
         let until_stale = delay.saturating_sub(silent);
         let until_unserving = not_serving_for.map_or(delay, |d| delay.saturating_sub(d));
         return Decision::Keep {
@@ -174,13 +174,13 @@ pub fn decide(
     // same from one look to the next: a status that changed every second
     // would be written every second for as long as the failover waits.
     let reason = loss.state;
-    let written_last = loss.written_last;
+    let written_ago = loss.written_ago;
     let recheck = Duration::from_secs(2);
     let primary_position = current.and_then(|m| parse_lsn(m.observed.wal_position.as_deref()?));
     let mut candidates: Vec<&Member> = members
         .iter()
         .filter(|m| m.pod != primary)
-        .filter(|m| m.silent_for(now).is_some_and(|s| s <= policy.delay))
+        .filter(|m| m.silent.is_some_and(|s| s <= policy.delay))
         .filter(|m| m.observed.role.as_deref() == Some(ROLE_REPLICA))
         .collect();
     if candidates.is_empty() {
@@ -209,11 +209,16 @@ pub fn decide(
     // A replica's WAL position reaches its Lease by its next heartbeat, so a
     // report made before the primary's last write may understate what it
     // holds; promoting another replica would then leave it ahead of the new
-    // timeline. A running replica reports again within a heartbeat; one that
-    // stays silent stops being a candidate after the delay.
+    // timeline. Which report came after that write is judged on this
+    // controller's clock, not by comparing two nodes' clocks: one first seen
+    // at least a quarter of the delay after it, given that a report reaches
+    // the controller within that time of being made (2.5 s by default; a
+    // replica renews every 2 s). One that stays silent stops being a
+    // candidate after the delay.
+    let latency = delay / 4;
     let stale: Vec<&str> = candidates
         .iter()
-        .filter(|m| matches!((m.last_seen, written_last), (Some(seen), Some(last)) if seen < last))
+        .filter(|m| m.silent.is_none_or(|s| s + latency > written_ago))
         .map(|m| m.pod.as_str())
         .collect();
     if !stale.is_empty() {
@@ -303,10 +308,10 @@ struct Loss {
     record: String,
     /// For status messages, the same at every look while it stays lost.
     state: String,
-    /// The last moment the primary can have written WAL: half the delay
-    /// after its last heartbeat (fencing stops it then), or when the
-    /// controller first saw it not serving.
-    written_last: Option<Timestamp>,
+    /// How long ago, at the latest, the primary can have written WAL: half
+    /// the delay after this controller first saw its last heartbeat
+    /// (fencing stops it then), or when it first saw it not serving.
+    written_ago: Duration,
 }
 
 /// How long the primary must be silent to be lost: the failover delay, or
@@ -327,7 +332,6 @@ fn loss(
     current: Option<&Member>,
     not_serving_for: Option<Duration>,
     delay: Duration,
-    now: Timestamp,
 ) -> Option<Loss> {
     let Some(member) = current else {
         // A deleted Lease (by hand, or a restore of the namespace) says
@@ -343,16 +347,20 @@ fn loss(
                 missing_for.as_secs()
             ),
             state: "its membership Lease is missing".to_owned(),
-            written_last: Some(now - missing_for + delay / 2),
+            written_ago: missing_for.saturating_sub(delay / 2),
         });
     };
-    if let (Some(silent), Some(seen)) = (member.silent_for(now), member.last_seen)
+    if let Some(silent) = member.silent
         && silent > delay
     {
+        let since = member.last_seen.map_or_else(
+            || "its Lease was first seen".to_owned(),
+            |seen| seen.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+        );
         return Some(Loss {
             record: format!("no heartbeat for {} s", silent.as_secs()),
-            state: format!("no heartbeat since {}", seen.strftime("%Y-%m-%dT%H:%M:%SZ")),
-            written_last: Some(seen + delay / 2),
+            state: format!("no heartbeat since {since}"),
+            written_ago: silent - delay / 2,
         });
     }
     let for_ = not_serving_for.filter(|d| *d > delay)?;
@@ -364,7 +372,7 @@ fn loss(
     Some(Loss {
         record: format!("not serving for {} s: {why}", for_.as_secs()),
         state: format!("not serving: {why}"),
-        written_last: Some(now - for_),
+        written_ago: for_,
     })
 }
 
@@ -411,6 +419,7 @@ mod tests {
         Member {
             pod: pod.to_owned(),
             last_seen: Some(Timestamp::from_second(1_700_000_100 - seconds_ago).expect("valid")),
+            silent: u64::try_from(seconds_ago).ok().map(Duration::from_secs),
             observed: ObservedState {
                 ready: true,
                 role: Some(role.to_owned()),
@@ -460,6 +469,19 @@ mod tests {
             unreachable!()
         };
         assert_eq!(reason, "no heartbeat for 11 s");
+    }
+
+    #[test]
+    fn a_renewal_stamped_by_a_clock_behind_the_controllers_is_no_silence() {
+        // db-0's node clock runs a minute behind: its renewTime looks a
+        // minute old, but this controller saw it renew a second ago.
+        let mut primary = member("db-0", 60, "primary", 1, "0/9");
+        primary.silent = Some(Duration::from_secs(1));
+        let members = [primary, member("db-1", 1, "replica", 1, "0/9")];
+        assert!(matches!(
+            decide("db-0", &members, None, None, POLICY, now()),
+            Decision::Keep { .. }
+        ));
     }
 
     fn hearing(mut member: Member, primary: &str) -> Member {
@@ -630,7 +652,9 @@ mod tests {
     #[test]
     fn a_report_older_than_the_primarys_last_possible_write_is_waited_for() {
         // The primary beat 12 s ago and may have written until 7 s ago; db-2
-        // last reported 8 s ago, possibly before WAL that db-1 lacks.
+        // last reported 8 s ago, possibly before WAL that db-1 lacks. A
+        // report counts once first seen a quarter of the delay (2.5 s) after
+        // that write: one seen 4 s ago does.
         let members = [
             member("db-0", 12, "primary", 1, "0/9"),
             member("db-1", 1, "replica", 1, "0/8"),
@@ -644,7 +668,16 @@ mod tests {
         let members = [
             member("db-0", 12, "primary", 1, "0/9"),
             member("db-1", 1, "replica", 1, "0/8"),
-            member("db-2", 6, "replica", 1, "0/9"),
+            member("db-2", 5, "replica", 1, "0/9"),
+        ];
+        assert!(matches!(
+            decide("db-0", &members, None, None, POLICY, now()),
+            Decision::Wait { .. }
+        ));
+        let members = [
+            member("db-0", 12, "primary", 1, "0/9"),
+            member("db-1", 1, "replica", 1, "0/8"),
+            member("db-2", 4, "replica", 1, "0/9"),
         ];
         assert_eq!(
             promoted(&decide("db-0", &members, None, None, POLICY, now())),
@@ -766,8 +799,12 @@ mod tests {
         let wait_reason = |members: &[Member], later: i64, not_serving: Option<u64>| {
             let at = now() + k8s_openapi::jiff::SignedDuration::from_secs(later);
             let mut members = members.to_vec();
-            // The replica keeps beating.
+            // The replica keeps beating; the primary stays silent.
             members[1].last_seen = Some(at);
+            members[1].silent = Some(Duration::ZERO);
+            members[0].silent = members[0]
+                .silent
+                .map(|s| s + Duration::from_secs(later.unsigned_abs()));
             let serving = not_serving.map(Duration::from_secs);
             match decide("db-0", &members, Some(2), serving, POLICY, at) {
                 Decision::Wait { reason, .. } => reason,
@@ -782,6 +819,7 @@ mod tests {
         assert_eq!(wait_reason(&members, 1, None), silent);
         assert_eq!(wait_reason(&members, 60, None), silent);
         members[0].last_seen = Some(now());
+        members[0].silent = Some(Duration::ZERO);
         let not_serving = wait_reason(&members, 0, Some(20));
         assert!(
             not_serving.contains("not serving: disk full"),

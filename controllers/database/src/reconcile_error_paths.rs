@@ -33,8 +33,16 @@ fn context_with_pods(client: Client, pods: &[Pod]) -> Arc<Context> {
     context_with(client, pods, &[])
 }
 
-/// [`context`] with `pods` and `leases` in caches that show no later change.
+/// [`context`] with `pods` and `leases` in caches that show no later change,
+/// watched since each Lease's renewal.
 fn context_with(client: Client, pods: &[Pod], leases: &[Lease]) -> Arc<Context> {
+    let ctx = unwatched_context_with(client, pods, leases);
+    ctx.watched_since_renewal(leases);
+    ctx
+}
+
+/// The same, as a controller that has just started sees it.
+fn unwatched_context_with(client: Client, pods: &[Pod], leases: &[Lease]) -> Arc<Context> {
     let (pod_store, mut pod_writer) = store();
     for pod in pods {
         pod_writer.apply_watcher_event(&watcher::Event::Apply(pod.clone()));
@@ -411,6 +419,44 @@ fn member_lease(pod: &str, seconds_ago: i64, observed: serde_json::Value) -> Lea
         "spec": { "renewTime": renewed.to_string() },
     }))
     .expect("a lease")
+}
+
+/// Silence is judged on the controller's own clock: a primary whose Lease
+/// says it renewed a minute ago (its node's clock a minute behind, or this
+/// controller just started) is not lost until this controller has seen no
+/// new renewal for the whole delay.
+#[tokio::test]
+async fn a_renewal_is_timed_by_the_controllers_clock_not_the_nodes() {
+    let cluster = serving_cluster();
+    let (fake, client) = fake_with(&cluster);
+    let leases = [
+        member_lease(
+            "orders-0",
+            60,
+            serde_json::json!({ "ready": true, "role": "primary", "timeline": 3 }),
+        ),
+        member_lease(
+            "orders-1",
+            0,
+            serde_json::json!({ "ready": true, "role": "replica", "timeline": 3 }),
+        ),
+    ];
+    let ctx = unwatched_context_with(client, &[], &leases);
+    reconcile(Arc::new(cluster), ctx).await.expect("reconciled");
+    let requests = fake.requests();
+    let deposed: Vec<String> = requests
+        .iter()
+        .filter(|r| {
+            r.is_write()
+                && r.path.ends_with("/leases/orders-0")
+                && r.body["metadata"]["annotations"][FENCED_ANNOTATION] == "true"
+        })
+        .map(|r| format!("{r} {}", r.body))
+        .collect();
+    assert!(
+        deposed.is_empty(),
+        "a primary deposed by another node's clock: {deposed:?}"
+    );
 }
 
 /// A child that cannot be written (a Service refused by a quota or a

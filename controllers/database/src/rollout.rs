@@ -208,6 +208,7 @@ mod tests {
         Member {
             pod: name.to_owned(),
             last_seen: None,
+            silent: None,
             observed: ObservedState {
                 ready: true,
                 role: Some(ROLE_REPLICA.to_owned()),

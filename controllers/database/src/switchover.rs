@@ -111,6 +111,7 @@ mod tests {
         Member {
             pod: pod.to_owned(),
             last_seen: None,
+            silent: None,
             observed: ObservedState {
                 ready: role.is_some(),
                 role: role.map(str::to_owned),
