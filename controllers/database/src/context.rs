@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use cairn_api::database::instance::{ObservedState, parse_lsn};
 use cairn_api::database::v1::DatabaseCluster;
 use cairn_runtime::apply::Applier;
 use cairn_runtime::events;
@@ -138,6 +139,7 @@ impl Context {
                 Sighting {
                     renewed: member.last_seen,
                     first_seen: now.checked_sub(age).unwrap_or(now),
+                    written: None,
                 },
             );
         }
@@ -149,6 +151,24 @@ impl Context {
 pub struct Sighting {
     renewed: Option<Timestamp>,
     first_seen: Instant,
+    /// The highest WAL position reported, and on which timeline.
+    written: Option<(Option<u32>, u64)>,
+}
+
+impl Sighting {
+    /// A position only grows on one timeline; a report without one (its
+    /// sample failed) keeps the last.
+    fn remember(&mut self, observed: &ObservedState) {
+        let Some(position) = observed.wal_position.as_deref().and_then(parse_lsn) else {
+            return;
+        };
+        self.written = match self.written {
+            Some((timeline, old)) if timeline == observed.timeline => {
+                Some((timeline, old.max(position)))
+            }
+            _ => Some((observed.timeline, position)),
+        };
+    }
 }
 
 pub(crate) fn key(cluster: &DatabaseCluster) -> String {
@@ -229,14 +249,18 @@ fn members(ctx: &Context, cluster: &DatabaseCluster) -> Vec<Member> {
     *seen = members
         .iter_mut()
         .map(|member| {
-            let sighting = match seen.get(&member.pod) {
+            let old = seen.get(&member.pod);
+            let mut sighting = match old {
                 Some(old) if old.renewed == member.last_seen => *old,
                 _ => Sighting {
                     renewed: member.last_seen,
                     first_seen: now,
+                    written: old.and_then(|o| o.written),
                 },
             };
+            sighting.remember(&member.observed);
             member.silent = Some(now.duration_since(sighting.first_seen));
+            member.written = sighting.written.map(|(_, position)| position);
             (member.pod.clone(), sighting)
         })
         .collect();
@@ -273,4 +297,37 @@ where
 {
     let namespace = cluster.namespace().unwrap_or_default();
     cache.get(&ObjectRef::new(name).within(&namespace))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(timeline: u32, position: Option<&str>) -> ObservedState {
+        ObservedState {
+            timeline: Some(timeline),
+            wal_position: position.map(str::to_owned),
+            ..ObservedState::default()
+        }
+    }
+
+    #[test]
+    fn the_last_known_position_survives_a_failed_sample_and_resets_on_a_new_timeline() {
+        let mut sighting = Sighting {
+            renewed: None,
+            first_seen: Instant::now(),
+            written: None,
+        };
+        sighting.remember(&report(1, Some("0/9000")));
+        sighting.remember(&report(1, None));
+        assert_eq!(sighting.written, Some((Some(1), 0x9000)));
+        sighting.remember(&report(1, Some("0/8000")));
+        assert_eq!(
+            sighting.written,
+            Some((Some(1), 0x9000)),
+            "a position only grows"
+        );
+        sighting.remember(&report(2, Some("0/100")));
+        assert_eq!(sighting.written, Some((Some(2), 0x100)));
+    }
 }

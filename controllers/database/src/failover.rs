@@ -20,6 +20,10 @@ pub struct Member {
     /// How long this controller has seen that heartbeat unchanged, on its
     /// own monotonic clock (`context::members`); None when not known.
     pub silent: Option<Duration>,
+    /// The highest WAL position this controller saw it report on its
+    /// timeline (`context::members`): kept across a report whose sample
+    /// failed, so a lag bound is still checked against it.
+    pub written: Option<u64>,
     pub observed: ObservedState,
     /// Deposed by a failover; it must not serve as a primary.
     pub fenced: bool,
@@ -42,6 +46,7 @@ impl Member {
             pod: lease.name_any(),
             last_seen: renewed.or(created),
             silent: None,
+            written: None,
             observed: annotations
                 .get(OBSERVED_ANNOTATION)
                 .and_then(|json| serde_json::from_str(json).ok())
@@ -59,6 +64,12 @@ impl Member {
     /// Serving writes: postgres answers as a primary and is ready.
     pub fn serves_as_primary(&self) -> bool {
         self.observed.ready && self.observed.role.as_deref() == Some(ROLE_PRIMARY) && !self.fenced
+    }
+
+    /// Its WAL position as reported now, or else the last one seen.
+    fn last_known_position(&self) -> Option<u64> {
+        let reported = self.observed.wal_position.as_deref().and_then(parse_lsn);
+        reported.max(self.written)
     }
 
     fn received(&self) -> u64 {
@@ -176,7 +187,7 @@ pub fn decide(
     let reason = loss.state;
     let written_ago = loss.written_ago;
     let recheck = Duration::from_secs(2);
-    let primary_position = current.and_then(|m| parse_lsn(m.observed.wal_position.as_deref()?));
+    let primary_position = current.and_then(Member::last_known_position);
     let mut candidates: Vec<&Member> = members
         .iter()
         .filter(|m| m.pod != primary)
@@ -272,7 +283,20 @@ pub fn decide(
             };
         }
     }
-    if let (Some(bound), Some(position)) = (policy.max_lag_bytes, primary_position) {
+    if let Some(bound) = policy.max_lag_bytes {
+        // A bound on the loss needs the primary's position: with none ever
+        // reported (this controller restarted while its samples failed), no
+        // replica can be shown to be within it.
+        let Some(position) = primary_position else {
+            return Decision::Wait {
+                reason: format!(
+                    "primary {primary} lost ({reason}), and its last WAL position is unknown: \
+                     no replica can be shown within spec.failover.maxLagBytes ({bound}); \
+                     waiting for it to return"
+                ),
+                recheck,
+            };
+        };
         candidates.retain(|m| position.saturating_sub(m.received()) <= bound);
         if candidates.is_empty() {
             return Decision::Wait {
@@ -420,6 +444,7 @@ mod tests {
             pod: pod.to_owned(),
             last_seen: Some(Timestamp::from_second(1_700_000_100 - seconds_ago).expect("valid")),
             silent: u64::try_from(seconds_ago).ok().map(Duration::from_secs),
+            written: None,
             observed: ObservedState {
                 ready: true,
                 role: Some(role.to_owned()),
@@ -614,6 +639,38 @@ mod tests {
         };
         assert_eq!(
             promoted(&decide("db-0", &members, None, None, loose, now())),
+            Some("db-1")
+        );
+    }
+
+    #[test]
+    fn the_lag_bound_holds_across_a_failed_sample_of_the_primary() {
+        // The primary's last report has no position (its sample failed):
+        // the position seen before still bounds the loss, and with none
+        // seen at all no replica is promoted.
+        let mut members = vec![
+            member("db-0", 30, "primary", 1, "0/9000000"),
+            member("db-1", 1, "replica", 1, "0/1000000"),
+        ];
+        members[0].observed.wal_position = None;
+        let bounded = Policy {
+            max_lag_bytes: Some(1024),
+            ..POLICY
+        };
+        let decision = decide("db-0", &members, None, None, bounded, now());
+        assert!(
+            matches!(&decision, Decision::Wait { reason, .. } if reason.contains("position is unknown")),
+            "{decision:?}"
+        );
+        members[0].written = Some(0x900_0000);
+        let decision = decide("db-0", &members, None, None, bounded, now());
+        assert!(
+            matches!(&decision, Decision::Wait { reason, .. } if reason.contains("more than")),
+            "{decision:?}"
+        );
+        members[0].written = Some(0x100_0000);
+        assert_eq!(
+            promoted(&decide("db-0", &members, None, None, bounded, now())),
             Some("db-1")
         );
     }

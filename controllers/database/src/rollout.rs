@@ -209,6 +209,7 @@ mod tests {
             pod: name.to_owned(),
             last_seen: None,
             silent: None,
+            written: None,
             observed: ObservedState {
                 ready: true,
                 role: Some(ROLE_REPLICA.to_owned()),

@@ -112,6 +112,7 @@ mod tests {
             pod: pod.to_owned(),
             last_seen: None,
             silent: None,
+            written: None,
             observed: ObservedState {
                 ready: role.is_some(),
                 role: role.map(str::to_owned),
