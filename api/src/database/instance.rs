@@ -111,6 +111,11 @@ pub struct ObservedState {
     /// A replica's last WAL position received from its primary, as `X/Y`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub received_position: Option<String>,
+    /// A primary's running `synchronous_standby_names` (empty when
+    /// asynchronous): the quorum its acknowledged commits met, which the
+    /// configuration reaches only at the kubelet's next sync.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub synchronous_standby_names: Option<String>,
     /// `server_version` of the running server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_version: Option<String>,

@@ -140,6 +140,7 @@ impl Context {
                     renewed: member.last_seen,
                     first_seen: now.checked_sub(age).unwrap_or(now),
                     written: None,
+                    standby_names: None,
                 },
             );
         }
@@ -147,18 +148,28 @@ impl Context {
 }
 
 /// A member's latest heartbeat as this process saw it.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Sighting {
     renewed: Option<Timestamp>,
     first_seen: Instant,
     /// The highest WAL position reported, and on which timeline.
     written: Option<(Option<u32>, u64)>,
+    /// The last `synchronous_standby_names` it reported running.
+    standby_names: Option<String>,
 }
 
 impl Sighting {
     /// A position only grows on one timeline; a report without one (its
-    /// sample failed) keeps the last.
-    fn remember(&mut self, observed: &ObservedState) {
+    /// sample failed) keeps the last. A failed sample likewise keeps the
+    /// quorum the member last ran as a primary, so its report carries it.
+    fn remember(&mut self, observed: &mut ObservedState) {
+        match &observed.synchronous_standby_names {
+            Some(names) => self.standby_names = Some(names.clone()),
+            None if observed.role.is_none() => {
+                observed.synchronous_standby_names = self.standby_names.clone();
+            }
+            None => self.standby_names = None,
+        }
         let Some(position) = observed.wal_position.as_deref().and_then(parse_lsn) else {
             return;
         };
@@ -251,14 +262,15 @@ fn members(ctx: &Context, cluster: &DatabaseCluster) -> Vec<Member> {
         .map(|member| {
             let old = seen.get(&member.pod);
             let mut sighting = match old {
-                Some(old) if old.renewed == member.last_seen => *old,
+                Some(old) if old.renewed == member.last_seen => old.clone(),
                 _ => Sighting {
                     renewed: member.last_seen,
                     first_seen: now,
                     written: old.and_then(|o| o.written),
+                    standby_names: old.and_then(|o| o.standby_names.clone()),
                 },
             };
-            sighting.remember(&member.observed);
+            sighting.remember(&mut member.observed);
             member.silent = Some(now.duration_since(sighting.first_seen));
             member.written = sighting.written.map(|(_, position)| position);
             (member.pod.clone(), sighting)
@@ -312,22 +324,53 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_sample_reports_the_quorum_last_run() {
+        let mut sighting = Sighting {
+            renewed: None,
+            first_seen: Instant::now(),
+            written: None,
+            standby_names: None,
+        };
+        let mut primary = ObservedState {
+            role: Some("primary".to_owned()),
+            synchronous_standby_names: Some("ANY 1 (db-1)".to_owned()),
+            ..ObservedState::default()
+        };
+        sighting.remember(&mut primary);
+        let mut failed = ObservedState::default();
+        sighting.remember(&mut failed);
+        assert_eq!(
+            failed.synchronous_standby_names.as_deref(),
+            Some("ANY 1 (db-1)")
+        );
+        let mut replica = ObservedState {
+            role: Some("replica".to_owned()),
+            ..ObservedState::default()
+        };
+        sighting.remember(&mut replica);
+        assert_eq!(replica.synchronous_standby_names, None);
+        sighting.remember(&mut ObservedState::default());
+        assert_eq!(sighting.standby_names, None, "a replica runs no quorum");
+    }
+
+    #[test]
     fn the_last_known_position_survives_a_failed_sample_and_resets_on_a_new_timeline() {
         let mut sighting = Sighting {
             renewed: None,
             first_seen: Instant::now(),
             written: None,
+            standby_names: None,
         };
-        sighting.remember(&report(1, Some("0/9000")));
-        sighting.remember(&report(1, None));
+        sighting.remember(&mut report(1, Some("0/9000")));
+        sighting.remember(&mut report(1, None));
         assert_eq!(sighting.written, Some((Some(1), 0x9000)));
-        sighting.remember(&report(1, Some("0/8000")));
+        sighting.remember(&mut report(1, Some("0/8000")));
         assert_eq!(
             sighting.written,
             Some((Some(1), 0x9000)),
             "a position only grows"
         );
-        sighting.remember(&report(2, Some("0/100")));
+        sighting.remember(&mut report(2, Some("0/100")));
         assert_eq!(sighting.written, Some((Some(2), 0x100)));
     }
 }

@@ -124,6 +124,64 @@ impl Quorum {
     }
 }
 
+/// The quorum a primary ran (`synchronous_standby_names`): `FIRST n (...)`
+/// or a bare list is read as any `n` of the list, since which standbys have
+/// the highest priority changes as they connect.
+#[derive(Clone, Debug, PartialEq)]
+struct RunningQuorum {
+    synchronous: usize,
+    listed: Vec<String>,
+}
+
+impl RunningQuorum {
+    /// None when it cannot be read or names no replica (`*`).
+    fn parse(setting: &str) -> Option<Self> {
+        let setting = setting.trim();
+        if setting.is_empty() {
+            return Some(Self {
+                synchronous: 0,
+                listed: Vec::new(),
+            });
+        }
+        let (synchronous, list) = match setting.split_once('(') {
+            Some((head, list)) => {
+                let words: Vec<&str> = head.split_whitespace().collect();
+                let count = match words.as_slice() {
+                    [method, n] if ["any", "first"].contains(&method.to_lowercase().as_str()) => n,
+                    [n] => n,
+                    _ => return None,
+                };
+                (count.parse().ok()?, list.strip_suffix(')')?)
+            }
+            None => (1, setting),
+        };
+        let listed: Vec<String> = list
+            .split(',')
+            .map(|name| name.trim().trim_matches('"').to_owned())
+            .collect();
+        if listed.iter().any(|name| name.is_empty() || name == "*") {
+            return None;
+        }
+        Some(Self {
+            synchronous,
+            listed,
+        })
+    }
+
+    fn lists(&self, pod: &str) -> bool {
+        self.listed.iter().any(|name| name == pod)
+    }
+
+    /// As `Quorum::needed`; nothing when asynchronous.
+    fn needed(&self, primary: &str) -> usize {
+        if self.synchronous == 0 {
+            return 0;
+        }
+        let listed = self.listed.iter().filter(|name| *name != primary).count();
+        listed.saturating_sub(self.synchronous) + 1
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum Decision {
     /// The primary serves (or may still come back): look again by `recheck`.
@@ -281,6 +339,37 @@ pub fn decide(
                 ),
                 recheck,
             };
+        }
+    }
+    // The quorum the primary ran may differ from the spec's (a change that
+    // had not reached its pod): both must be met, so the stricter holds.
+    if let Some(setting) = current.and_then(|m| m.observed.synchronous_standby_names.as_deref()) {
+        match RunningQuorum::parse(setting) {
+            Some(running) => {
+                let needed = running.needed(primary);
+                let reporting = candidates.iter().filter(|m| running.lists(&m.pod)).count();
+                if reporting < needed {
+                    return Decision::Wait {
+                        reason: format!(
+                            "primary {primary} lost ({reason}); it ran synchronous_standby_names \
+                             '{setting}', so {needed} of those replicas must report to be sure \
+                             the promoted one holds every acknowledged commit, and {reporting} \
+                             do: waiting for them or the primary"
+                        ),
+                        recheck,
+                    };
+                }
+            }
+            None => {
+                return Decision::Wait {
+                    reason: format!(
+                        "primary {primary} lost ({reason}); it ran synchronous_standby_names \
+                         '{setting}', which does not name the replicas that acknowledged its \
+                         commits: waiting for the primary"
+                    ),
+                    recheck,
+                };
+            }
         }
     }
     if let Some(bound) = policy.max_lag_bytes {
@@ -673,6 +762,67 @@ mod tests {
             promoted(&decide("db-0", &members, None, None, bounded, now())),
             Some("db-1")
         );
+    }
+
+    #[test]
+    fn the_quorum_the_primary_ran_holds_when_the_spec_asks_less() {
+        // The spec was made asynchronous, but the primary still ran ANY 2 of
+        // four replicas: three must report, as under its old spec.
+        let mut members = vec![
+            member("db-0", 30, "primary", 1, "0/9"),
+            member("db-1", 1, "replica", 1, "0/7"),
+            member("db-2", 1, "replica", 1, "0/8"),
+            member("db-3", 30, "replica", 1, "0/9"),
+            member("db-4", 30, "replica", 1, "0/9"),
+        ];
+        members[0].observed.synchronous_standby_names =
+            Some(r#"ANY 2 ("db-0", "db-1", "db-2", "db-3", "db-4")"#.to_owned());
+        let decision = decide("db-0", &members, None, None, POLICY, now());
+        assert!(
+            matches!(&decision, Decision::Wait { reason, .. }
+                if reason.contains("3 of those replicas must report") && reason.contains("2 do")),
+            "{decision:?}"
+        );
+        members[3].silent = Some(Duration::from_secs(1));
+        assert_eq!(
+            promoted(&decide("db-0", &members, None, None, POLICY, now())),
+            Some("db-3")
+        );
+        // Asynchronous as it ran: nothing more is asked than the spec asks.
+        members[3].silent = Some(Duration::from_secs(30));
+        members[0].observed.synchronous_standby_names = Some(String::new());
+        assert_eq!(
+            promoted(&decide("db-0", &members, None, None, POLICY, now())),
+            Some("db-2")
+        );
+    }
+
+    #[test]
+    fn a_quorum_that_names_no_replica_holds_the_failover() {
+        let mut members = vec![
+            member("db-0", 30, "primary", 1, "0/9"),
+            member("db-1", 1, "replica", 1, "0/9"),
+        ];
+        members[0].observed.synchronous_standby_names = Some("ANY 1 (*)".to_owned());
+        let decision = decide("db-0", &members, None, None, POLICY, now());
+        assert!(
+            matches!(&decision, Decision::Wait { reason, .. } if reason.contains("does not name")),
+            "{decision:?}"
+        );
+    }
+
+    #[test]
+    fn a_running_quorum_reads_as_any_n_of_its_list() {
+        let any = RunningQuorum::parse(r#"ANY 1 ("db-0", "db-1", "db-2")"#).expect("parses");
+        assert_eq!((any.synchronous, any.needed("db-0")), (1, 2));
+        let first = RunningQuorum::parse("FIRST 2 (db-1, db-2, db-3)").expect("parses");
+        assert_eq!((first.synchronous, first.needed("db-0")), (2, 2));
+        let bare = RunningQuorum::parse("db-1, db-2").expect("parses");
+        assert_eq!((bare.synchronous, bare.needed("db-0")), (1, 2));
+        let off = RunningQuorum::parse("").expect("parses");
+        assert_eq!(off.needed("db-0"), 0);
+        assert_eq!(RunningQuorum::parse("ANY x (db-1)"), None);
+        assert_eq!(RunningQuorum::parse("ANY 1 (db-1"), None);
     }
 
     #[test]

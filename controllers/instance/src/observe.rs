@@ -73,6 +73,8 @@ pub struct Sample {
     pub pending_restart: Vec<String>,
     /// A replica's last WAL position received (`X/Y`); None on a primary.
     pub received_position: Option<String>,
+    /// A primary's running `synchronous_standby_names`; None on a replica.
+    pub synchronous_standby_names: Option<String>,
 }
 
 /// Everything a poll reads, in one statement (prepared once per session, so
@@ -120,7 +122,9 @@ SELECT pg_is_in_recovery(),
        ARRAY(SELECT state FROM sessions ORDER BY state),
        ARRAY(SELECT n FROM sessions ORDER BY state),
        ARRAY(SELECT name::text FROM pg_settings WHERE pending_restart ORDER BY name),
-       pg_last_wal_receive_lsn()::text
+       pg_last_wal_receive_lsn()::text,
+       CASE WHEN pg_is_in_recovery() THEN NULL
+            ELSE current_setting('synchronous_standby_names') END
 FROM position";
 
 const DATABASE_SIZES: &str =
@@ -155,6 +159,7 @@ impl Session {
             connections: states.into_iter().zip(counts).collect(),
             pending_restart: row.get(11),
             received_position: row.get(12),
+            synchronous_standby_names: row.get(13),
         })
     }
 

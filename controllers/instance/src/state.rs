@@ -46,6 +46,7 @@ pub struct Status {
     pub replication_lag_bytes: Option<i64>,
     pub replication_lag_seconds: Option<f64>,
     pub received_position: Option<String>,
+    pub synchronous_standby_names: Option<String>,
     /// The shutdown checkpoint of a primary stopped for a demotion.
     pub shutdown_position: Option<String>,
     /// The member whose claim to be a writable primary this one heard
@@ -114,6 +115,7 @@ impl State {
                 timeline: status.timeline,
                 wal_position: status.wal_position.clone(),
                 received_position: status.received_position.clone(),
+                synchronous_standby_names: status.synchronous_standby_names.clone(),
                 server_version: status.server_version.clone(),
                 shutdown_position: status.shutdown_position.clone(),
                 hears_primary: status.hears_primary.clone(),
@@ -202,6 +204,7 @@ impl State {
             s.timeline = sample.and_then(|x| x.timeline);
             s.wal_position = sample.and_then(|x| x.wal_position.clone());
             s.received_position = sample.and_then(|x| x.received_position.clone());
+            s.synchronous_standby_names = sample.and_then(|x| x.synchronous_standby_names.clone());
             s.replication_lag_bytes = sample.and_then(|x| x.lag_bytes);
             s.replication_lag_seconds = sample.and_then(|x| x.lag_seconds);
             s.streaming = sample.filter(|x| x.in_recovery).map(|x| x.streaming);

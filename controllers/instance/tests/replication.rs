@@ -23,6 +23,12 @@ async fn with_synchronous_replication_a_commit_waits_for_a_replica() -> Result {
         primary.show("synchronous_standby_names").await?,
         r#"ANY 1 ("orders-0", "orders-1", "orders-2")"#
     );
+    // It reports the quorum it runs, which the controller's failover keeps to.
+    primary
+        .wait_status("its running quorum", Duration::from_secs(10), |status| {
+            status["synchronousStandbyNames"] == r#"ANY 1 ("orders-0", "orders-1", "orders-2")"#
+        })
+        .await?;
     let app = primary.app().await?;
     // Not confirmed by a replica: there is none yet. (One query string is one
     // transaction, committed after a RESET in it: hence three.)
