@@ -54,10 +54,14 @@ declare -A SHARE_COLD=(
 
 timings=()   # "name<TAB>seconds"
 step() { # name command...
-  local name=$1 start=$SECONDS; shift
+  # The command's status is returned, not only acted on by `set -e`: a call
+  # as `step ... || status=$?` runs with errexit off, where a plain "$@"
+  # followed by the timing would report success for a failed step.
+  local name=$1 start=$SECONDS status=0; shift
   log "== $name"
-  "$@"
+  "$@" || status=$?
   timings+=("$name"$'\t'"$((SECONDS - start))")
+  return "$status"
 }
 
 # Background preparation: each job in a process group of its own (killed if
