@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use cairn_api::database::instance::{ObservedState, parse_lsn};
 use cairn_api::database::v1::DatabaseCluster;
+use cairn_runtime::admin::{Health, Sight};
 use cairn_runtime::apply::Applier;
 use cairn_runtime::events;
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -47,6 +48,10 @@ pub struct Context {
     /// How old a replaced StatefulSet's successor must be before its
     /// leftover pods are deleted (see `leftovers.rs`).
     pub collector_grace: Duration,
+    /// The process's watch health: a renewal made while the Lease watch
+    /// failed reaches the cache only once it lists again, so no member's
+    /// silence is judged meanwhile (none if not given: tests).
+    pub health: Option<Health>,
 }
 
 impl Context {
@@ -65,7 +70,21 @@ impl Context {
             sightings: Mutex::default(),
             applier: Applier::default(),
             collector_grace: leftovers::COLLECTOR_GRACE,
+            health: None,
         }
+    }
+
+    /// The same, judging silence by the Lease watch `health` reports.
+    pub fn with_health(mut self, health: Health) -> Self {
+        self.health = Some(health);
+        self
+    }
+
+    /// What the Lease cache can have missed.
+    fn lease_sight(&self) -> Sight {
+        self.health
+            .as_ref()
+            .map_or(Sight::Unbroken, |health| health.sight(&Lease::kind(&())))
     }
 
     /// The same, giving the garbage collector `grace` instead of
@@ -257,6 +276,7 @@ fn members(ctx: &Context, cluster: &DatabaseCluster) -> Vec<Member> {
     // member first seen by this process (a restart, a new leader) counts
     // from now, so a restart only ever delays a failover.
     let now = Instant::now();
+    let sight = ctx.lease_sight();
     *seen = members
         .iter_mut()
         .map(|member| {
@@ -271,12 +291,25 @@ fn members(ctx: &Context, cluster: &DatabaseCluster) -> Vec<Member> {
                 },
             };
             sighting.remember(&mut member.observed);
-            member.silent = Some(now.duration_since(sighting.first_seen));
+            member.silent = silence(sight, sighting.first_seen, now);
             member.written = sighting.written.map(|(_, position)| position);
             (member.pod.clone(), sighting)
         })
         .collect();
     members
+}
+
+/// How long a member has been seen silent: from the first sight of its last
+/// renewal, or from the Lease watch's resumption if that came later (a
+/// renewal in between was not seen); unknown while the watch is blind. A
+/// broken watch thus delays a failover by its outage, never hastens one.
+fn silence(sight: Sight, first_seen: Instant, now: Instant) -> Option<Duration> {
+    let since = match sight {
+        Sight::Unbroken => first_seen,
+        Sight::Since(resumed) => first_seen.max(resumed),
+        Sight::Blind => return None,
+    };
+    Some(now.duration_since(since))
 }
 
 /// The cluster's instance pods, from the cache.
@@ -321,6 +354,30 @@ mod tests {
             wal_position: position.map(str::to_owned),
             ..ObservedState::default()
         }
+    }
+
+    #[test]
+    fn silence_is_unknown_while_the_lease_watch_is_blind_and_counts_from_its_resumption() {
+        let now = Instant::now();
+        let ago = |seconds| {
+            now.checked_sub(Duration::from_secs(seconds))
+                .expect("uptime")
+        };
+        assert_eq!(
+            silence(Sight::Unbroken, ago(30), now),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(silence(Sight::Blind, ago(30), now), None);
+        // Resumed 3 s ago: a renewal before then may not have been seen.
+        assert_eq!(
+            silence(Sight::Since(ago(3)), ago(30), now),
+            Some(Duration::from_secs(3))
+        );
+        // A renewal first seen after the resumption counts from its sight.
+        assert_eq!(
+            silence(Sight::Since(ago(30)), ago(2), now),
+            Some(Duration::from_secs(2))
+        );
     }
 
     #[test]

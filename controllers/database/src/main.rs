@@ -34,7 +34,8 @@ async fn run() -> Result<ExitCode, Box<dyn std::error::Error>> {
     let recorder = Recorder::new(manager.client.clone(), MANAGER.into());
     let context = Arc::new(
         Context::new(manager.client.clone(), recorder, caches, metrics)
-            .with_collector_grace(leftovers::collector_grace_from_env()?),
+            .with_collector_grace(leftovers::collector_grace_from_env()?)
+            .with_health(manager.health.clone()),
     );
     let housekeeper = context.clone();
     manager.every(Duration::from_secs(10), move || {

@@ -120,6 +120,11 @@ impl Observer {
         tally: &mut Tally,
     ) -> Result<(Duration, String)> {
         let started = Instant::now();
+        // A status read before the controllers' caches resumed is what they
+        // wrote before the faults: not a convergence.
+        if let Err(e) = until_watches_resumed(workload).await {
+            eprintln!("chaos: {e}");
+        }
         let mut ready_at: BTreeMap<String, Duration> = BTreeMap::new();
         let mut waiting = Vec::new();
         while started.elapsed() < CONVERGENCE_BOUND {
@@ -653,6 +658,60 @@ async fn reconciles_of_every_leader(
         counts.insert(controller.chart, reconciles_in(&metrics));
     }
     Ok(counts)
+}
+
+/// Until no replica of any controller has had a watch fail for longer than
+/// its longest retry delay (5 s): every cache lists again, and the
+/// reconciles that wakes have begun.
+async fn until_watches_resumed(workload: &Workload) -> Result {
+    const QUIET: Duration = Duration::from_secs(7);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut last: Option<(f64, Instant)> = None;
+    while Instant::now() < deadline {
+        let mut failures = 0.0;
+        let mut read = true;
+        for controller in &workload.controllers {
+            match workload.controller_pods(controller).await {
+                Ok(pods) => {
+                    for pod in pods.iter().filter_map(|p| p.metadata.name.as_deref()) {
+                        match metrics_of(workload, pod).await {
+                            Ok(metrics) => {
+                                failures += sum_of(&metrics, "cairn_watch_failures_total")
+                            }
+                            Err(_) => read = false,
+                        }
+                    }
+                }
+                Err(_) => read = false,
+            }
+        }
+        match last {
+            Some((before, since)) if read && before == failures => {
+                if since.elapsed() >= QUIET {
+                    return Ok(());
+                }
+            }
+            _ => last = read.then(|| (failures, Instant::now())),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    Err(
+        "the controllers' watches kept failing for 90 s after the faults were healed"
+            .to_owned()
+            .into(),
+    )
+}
+
+/// A series in Prometheus text, summed over its labels.
+fn sum_of(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|line| {
+            line.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
 }
 
 /// The reconcile series in Prometheus text, summed over their kinds.

@@ -22,6 +22,18 @@ use crate::metrics::Metrics;
 /// counts as recovered.
 const WATCH_QUIET_AFTER_RECOVERY: Duration = Duration::from_secs(35);
 
+/// What a cache can have missed: changes made while its watch failed, and
+/// until it listed again, are seen only from then on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sight {
+    /// Its watch never failed in this process.
+    Unbroken,
+    /// Its watch fails, and has delivered nothing since.
+    Blind,
+    /// Its watch failed, and delivered again at this instant.
+    Since(Instant),
+}
+
 /// What the probes report, updated by the manager.
 #[derive(Clone)]
 pub struct Health {
@@ -37,6 +49,8 @@ struct HealthState {
     /// The failing watches, by kind: one kind's events say nothing of
     /// another's watch (a Role can be forbidden while Pods flow).
     failing: HashMap<String, FailureRun>,
+    /// When each watch that had failed delivered again.
+    resumed: HashMap<String, Instant>,
     /// Why the process cannot work any more (a restart is the remedy).
     broken: Option<String>,
 }
@@ -53,6 +67,7 @@ impl Health {
             inner: Arc::new(Mutex::new(HealthState {
                 ready: false,
                 failing: HashMap::new(),
+                resumed: HashMap::new(),
                 broken: None,
             })),
             watch_failure_limit,
@@ -85,8 +100,23 @@ impl Health {
     /// The watch of `kind` delivered an event or re-listed: it works.
     pub fn watch_ok(&self, kind: &str) {
         self.update(|s| {
-            s.failing.remove(kind);
+            if s.failing.remove(kind).is_some() {
+                s.resumed.insert(kind.to_owned(), Instant::now());
+            }
         });
+    }
+
+    /// What the cache of `kind` can have missed, as its watch tells.
+    pub fn sight(&self, kind: &str) -> Sight {
+        self.read(|s| {
+            if s.failing.contains_key(kind) {
+                Sight::Blind
+            } else {
+                s.resumed
+                    .get(kind)
+                    .map_or(Sight::Unbroken, |at| Sight::Since(*at))
+            }
+        })
     }
 
     /// Something the process needs stopped for good: `/livez` fails from now
@@ -325,6 +355,24 @@ mod tests {
             .live()
             .expect_err("Role's watch failed past the limit");
         assert!(why.contains("Role") && !why.contains("Pod"), "{why}");
+    }
+
+    #[test]
+    fn a_cache_is_blind_while_its_watch_fails_and_sees_from_its_resumption() {
+        let health = Health::new(Duration::from_secs(60));
+        assert_eq!(health.sight("Lease"), Sight::Unbroken);
+        health.watch_ok("Lease");
+        assert_eq!(health.sight("Lease"), Sight::Unbroken, "no failure, no gap");
+        health.watch_failed("Lease");
+        assert_eq!(health.sight("Lease"), Sight::Blind);
+        assert_eq!(
+            health.sight("Pod"),
+            Sight::Unbroken,
+            "one kind says nothing of another"
+        );
+        let before = Instant::now();
+        health.watch_ok("Lease");
+        assert!(matches!(health.sight("Lease"), Sight::Since(at) if at >= before));
     }
 
     #[tokio::test]
