@@ -56,6 +56,9 @@ pub enum Command {
     Backup(BackupArgs),
     /// Make another instance the primary (a planned switchover).
     Switchover(SwitchoverArgs),
+    /// Promote a replica while the failover is blocked, accepting the loss
+    /// of acknowledged writes it lacks.
+    Promote(PromoteArgs),
     /// Restart every instance, replicas first, the primary last after a switchover.
     Restart(RestartArgs),
     /// Stop the controller from changing the cluster's child objects (spec.paused).
@@ -126,6 +129,17 @@ pub struct SwitchoverArgs {
     /// How long --wait waits.
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub timeout: Duration,
+}
+
+#[derive(Args, Debug)]
+pub struct PromoteArgs {
+    /// The DatabaseCluster.
+    pub cluster: String,
+    /// The replica's pod.
+    pub pod: String,
+    /// Accept that writes the lost primary acknowledged may be lost.
+    #[arg(long)]
+    pub accept_data_loss: bool,
 }
 
 #[derive(Args, Debug)]

@@ -1,6 +1,6 @@
 //! `kubectl-cairn`, the kubectl plugin for Cairn (`kubectl cairn ...` once
 //! the binary is on PATH): a DatabaseCluster at a glance, backups,
-//! switchovers, rolling restarts, pause and resume, and support bundles.
+//! switchovers, forced promotions, rolling restarts, pause and resume, and support bundles.
 //!
 //! What the commands decide is computed by pure functions from API objects
 //! (`view`, `switchover::candidate`, `redact`, `report::readme`), unit-tested
@@ -10,6 +10,7 @@ mod args;
 mod backup;
 mod client;
 mod cluster;
+mod promote;
 mod redact;
 mod report;
 mod status;
@@ -69,6 +70,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Switchover(request) => {
             let target = client::connect(&cli.global).await?;
             switchover::run(&target, &request).await
+        }
+        Command::Promote(request) => {
+            let target = client::connect(&cli.global).await?;
+            promote::run(&target, &request).await
         }
         Command::Restart(request) => {
             let target = client::connect(&cli.global).await?;

@@ -500,11 +500,12 @@ pub fn render_text(view: &ClusterView, now: Timestamp) -> String {
                 s.from,
                 s.to,
                 age(&time(&s.started_at), now),
-                match (&s.completed_at, s.write_unavailable_seconds) {
-                    (Some(_), Some(seconds)) =>
+                match (&s.abandoned, &s.completed_at, s.write_unavailable_seconds) {
+                    (Some(why), _, _) => format!("GIVEN UP: {why}"),
+                    (None, Some(_), Some(seconds)) =>
                         format!("completed (writes unavailable {seconds:.1} s)"),
-                    (Some(_), None) => "completed".to_owned(),
-                    (None, _) => "UNDER WAY".to_owned(),
+                    (None, Some(_), None) => "completed".to_owned(),
+                    (None, None, _) => "UNDER WAY".to_owned(),
                 }
             );
         }

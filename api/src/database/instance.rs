@@ -116,6 +116,10 @@ pub struct ObservedState {
     /// configuration reaches only at the kubelet's next sync.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub synchronous_standby_names: Option<String>,
+    /// postgres runs but refuses connections as starting up (crash
+    /// recovery): a primary doing so is given `failover.startTimeoutSeconds`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub starting: bool,
     /// `server_version` of the running server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_version: Option<String>,

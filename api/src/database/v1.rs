@@ -13,6 +13,37 @@ use crate::common::{Condition, Time};
 /// become the primary: `kubectl annotate dbc NAME database.cairn.dev/switchover-to=POD`.
 pub const SWITCHOVER_ANNOTATION: &str = "database.cairn.dev/switchover-to";
 
+/// An operator's order, for a failover that is blocked, to promote a replica
+/// whatever acknowledged writes it lacks: `<pod>@<timeline>`, the cluster's
+/// `status.timeline` when it was given (`kubectl cairn promote
+/// --accept-data-loss` writes it). Once a promotion moved the cluster to a
+/// newer timeline it names the past and does nothing.
+pub const FORCED_PROMOTION_ANNOTATION: &str = "database.cairn.dev/promote-accepting-data-loss";
+
+/// A forced promotion as [`FORCED_PROMOTION_ANNOTATION`] writes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ForcedPromotion {
+    pub pod: String,
+    pub timeline: u32,
+}
+
+impl ForcedPromotion {
+    pub fn parse(value: &str) -> Option<Self> {
+        let (pod, timeline) = value.trim().rsplit_once('@')?;
+        Some(Self {
+            pod: pod.to_owned(),
+            timeline: timeline.parse().ok()?,
+        })
+        .filter(|forced| !forced.pod.is_empty())
+    }
+}
+
+impl std::fmt::Display for ForcedPromotion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}@{}", self.pod, self.timeline)
+    }
+}
+
 /// The annotation a user sets on a DatabaseCluster to an RFC 3339 time to
 /// restart every instance, as `kubectl rollout restart` does for a
 /// Deployment: the controller copies it into the pod template, so a new
@@ -237,6 +268,13 @@ impl DatabaseClusterSpec {
         )
     }
 
+    /// How long a primary starting up (crash recovery) may take before it is
+    /// replaced.
+    pub fn failover_start_timeout(&self) -> std::time::Duration {
+        let seconds = self.failover_settings().start_timeout_seconds;
+        std::time::Duration::from_secs(u64::try_from(seconds).unwrap_or(0))
+    }
+
     /// How far behind the lost primary a promoted replica may be; `None`:
     /// any replica.
     pub fn failover_max_lag_bytes(&self) -> Option<u64> {
@@ -354,9 +392,22 @@ pub struct FailoverSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub max_lag_bytes: Option<i64>,
+    /// Seconds a primary that renews its heartbeat while its postgres is
+    /// starting up (crash recovery, after a crash or an immediate stop) has
+    /// before it is replaced; `delaySeconds` if that is longer. A replica
+    /// promoted instead lacks what the primary had not streamed.
+    #[serde(default = "default_start_timeout")]
+    #[schemars(range(min = 0, max = 3600))]
+    pub start_timeout_seconds: i32,
 }
 
 pub const DEFAULT_FAILOVER_DELAY_SECONDS: i32 = 10;
+/// Patroni's `primary_start_timeout` default.
+pub const DEFAULT_START_TIMEOUT_SECONDS: i32 = 300;
+
+fn default_start_timeout() -> i32 {
+    DEFAULT_START_TIMEOUT_SECONDS
+}
 
 fn default_failover_delay() -> i32 {
     DEFAULT_FAILOVER_DELAY_SECONDS
@@ -367,6 +418,7 @@ impl Default for FailoverSpec {
         Self {
             delay_seconds: DEFAULT_FAILOVER_DELAY_SECONDS,
             max_lag_bytes: None,
+            start_timeout_seconds: DEFAULT_START_TIMEOUT_SECONDS,
         }
     }
 }
@@ -628,6 +680,11 @@ pub struct SwitchoverRecord {
     /// Seconds without a primary taking writes, from `startedAt` to `completedAt`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub write_unavailable_seconds: Option<f64>,
+    /// Why the switchover was given up unpromoted at `completedAt`: the old
+    /// primary was made primary again (or, if it cannot serve, replaced by a
+    /// failover).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub abandoned: Option<String>,
 }
 
 /// An automated failover: which pod lost the primary role, which got it, and when.
@@ -670,6 +727,18 @@ mod tests {
         let rule = managed_parameters_rule();
         for name in MANAGED_PARAMETERS {
             assert!(rule.contains(&format!("'{name}'")), "{name}");
+        }
+    }
+
+    #[test]
+    fn a_forced_promotion_reads_back_as_written() {
+        let forced = ForcedPromotion {
+            pod: "orders-1".into(),
+            timeline: 3,
+        };
+        assert_eq!(ForcedPromotion::parse(&forced.to_string()), Some(forced));
+        for bad in ["orders-1", "orders-1@", "@3", "orders-1@three", ""] {
+            assert_eq!(ForcedPromotion::parse(bad), None, "{bad}");
         }
     }
 }

@@ -95,6 +95,9 @@ pub fn serving<'a>(members: &'a [Member], pod: &str) -> Option<&'a Member> {
 pub struct Policy {
     /// How long the primary may be silent, or not serving, before it is lost.
     pub delay: Duration,
+    /// How long a primary that reports postgres starting up (crash
+    /// recovery) may not serve; the delay if that is longer.
+    pub start_timeout: Duration,
     pub max_lag_bytes: Option<u64>,
     pub quorum: Option<Quorum>,
 }
@@ -186,11 +189,13 @@ impl RunningQuorum {
 pub enum Decision {
     /// The primary serves (or may still come back): look again by `recheck`.
     Keep { recheck: Duration },
-    /// The primary is lost: promote `to`.
+    /// The primary is lost: promote `to` (`forced` by an operator who
+    /// accepts the loss of what it lacks).
     Promote {
         to: String,
         reason: String,
         primary_last_seen: Timestamp,
+        forced: bool,
     },
     /// The primary is lost and no replica may take over; `reason` says why.
     Wait { reason: String, recheck: Duration },
@@ -231,10 +236,11 @@ pub fn decide(
 ) -> Decision {
     let current = members.iter().find(|m| m.pod == primary);
     let delay = lost_after(policy.delay, current);
-    let Some(loss) = loss(current, not_serving_for, delay) else {
+    let unserving_bound = unserving_bound(delay, policy.start_timeout, current);
+    let Some(loss) = loss(current, not_serving_for, delay, unserving_bound) else {
         let silent = current.and_then(|m| m.silent).unwrap_or_default();
         let until_stale = delay.saturating_sub(silent);
-        let until_unserving = not_serving_for.map_or(delay, |d| delay.saturating_sub(d));
+        let until_unserving = not_serving_for.map_or(delay, |d| unserving_bound.saturating_sub(d));
         return Decision::Keep {
             recheck: until_stale.min(until_unserving) + Duration::from_millis(500),
         };
@@ -410,9 +416,65 @@ pub fn decide(
             to: to.pod.clone(),
             reason: loss.record,
             primary_last_seen: current.and_then(|m| m.last_seen).unwrap_or(now),
+            forced: false,
         },
         None => Decision::Wait { reason, recheck },
     }
+}
+
+/// An operator's forced promotion of `target` while a failover is blocked
+/// (`blocked`, the reason `decide` waits): the quorum, the lag bound and the
+/// freshness of the reports are waived, which is the data loss accepted.
+/// What stays: the primary is lost (only a `Wait` is overridden), no replica
+/// hears it claim writes, and the target runs as a replica on the cluster's
+/// timeline (an older one would also take a timeline ID the lost primary may
+/// have used). An error says why it is refused.
+pub fn forced(
+    primary: &str,
+    members: &[Member],
+    timeline: Option<u32>,
+    blocked: &str,
+    target: &str,
+    policy: Policy,
+    now: Timestamp,
+) -> Result<Decision, String> {
+    if target == primary {
+        return Err(format!("{target} is the primary"));
+    }
+    let Some(member) = members.iter().find(|m| m.pod == target) else {
+        return Err(format!("{target} has no membership Lease"));
+    };
+    let running = member.silent.is_some_and(|s| s <= policy.delay)
+        && member.observed.role.as_deref() == Some(ROLE_REPLICA);
+    if !running {
+        return Err(format!("{target} is not running as a replica"));
+    }
+    let hearing: Vec<&str> = members
+        .iter()
+        .filter(|m| m.observed.hears_primary.as_deref() == Some(primary))
+        .map(|m| m.pod.as_str())
+        .collect();
+    if !hearing.is_empty() {
+        return Err(format!(
+            "{} still hear {primary} claim writes: it may be serving",
+            hearing.join(", ")
+        ));
+    }
+    let current = members.iter().find(|m| m.pod == primary);
+    let timeline = timeline.max(current.and_then(|m| m.observed.timeline));
+    if member.observed.timeline < timeline {
+        return Err(format!(
+            "{target} is on {}, behind the cluster's {}",
+            timeline_name(member.observed.timeline),
+            timeline_name(timeline)
+        ));
+    }
+    Ok(Decision::Promote {
+        to: target.to_owned(),
+        reason: format!("forced, accepting data loss, while {blocked}"),
+        primary_last_seen: current.and_then(|m| m.last_seen).unwrap_or(now),
+        forced: true,
+    })
 }
 
 /// Why the primary is lost.
@@ -439,12 +501,26 @@ fn lost_after(delay: Duration, primary: Option<&Member>) -> Duration {
         .map_or(delay, |fence| delay.max(fence * 2))
 }
 
-/// The primary's loss, if it is lost: silent, or not serving, or without a
-/// membership Lease, for longer than `delay`.
+/// How long the primary may not serve: the delay, or the start timeout
+/// while it reports postgres starting up (crash recovery replays WAL the
+/// replicas may lack; Patroni's `primary_start_timeout`). Only a primary that
+/// renews its heartbeat can report that: a silent one is lost after the
+/// delay whatever it said last.
+fn unserving_bound(delay: Duration, start_timeout: Duration, primary: Option<&Member>) -> Duration {
+    match primary {
+        Some(member) if member.observed.starting => delay.max(start_timeout),
+        _ => delay,
+    }
+}
+
+/// The primary's loss, if it is lost: silent, or without a membership
+/// Lease, for longer than `delay`; or not serving for longer than
+/// `unserving_bound`.
 fn loss(
     current: Option<&Member>,
     not_serving_for: Option<Duration>,
     delay: Duration,
+    unserving_bound: Duration,
 ) -> Option<Loss> {
     let Some(member) = current else {
         // A deleted Lease (by hand, or a restore of the namespace) says
@@ -476,7 +552,7 @@ fn loss(
             written_ago: silent - delay / 2,
         });
     }
-    let for_ = not_serving_for.filter(|d| *d > delay)?;
+    let for_ = not_serving_for.filter(|d| *d > unserving_bound)?;
     let why = member
         .observed
         .problem
@@ -510,6 +586,7 @@ mod tests {
 
     const POLICY: Policy = Policy {
         delay: Duration::from_secs(10),
+        start_timeout: Duration::from_secs(300),
         max_lag_bytes: None,
         quorum: None,
     };
@@ -689,6 +766,74 @@ mod tests {
             now(),
         );
         assert_eq!(promoted(&after), Some("db-1"));
+    }
+
+    #[test]
+    fn a_primary_in_crash_recovery_has_the_start_timeout() {
+        let mut primary = member("db-0", 1, "primary", 1, "0/9");
+        primary.observed.role = None;
+        primary.observed.ready = false;
+        primary.observed.starting = true;
+        let members = [primary.clone(), member("db-1", 1, "replica", 1, "0/1")];
+        let after = |seconds| {
+            decide(
+                "db-0",
+                &members,
+                None,
+                Some(Duration::from_secs(seconds)),
+                POLICY,
+                now(),
+            )
+        };
+        assert!(matches!(after(60), Decision::Keep { .. }));
+        assert!(matches!(after(299), Decision::Keep { .. }));
+        assert_eq!(promoted(&after(301)), Some("db-1"));
+        // Silent while starting: lost after the delay, as any silent primary.
+        let mut silent = primary;
+        silent.silent = Some(Duration::from_secs(11));
+        let members = [silent, member("db-1", 1, "replica", 1, "0/1")];
+        let decision = decide(
+            "db-0",
+            &members,
+            None,
+            Some(Duration::from_secs(11)),
+            POLICY,
+            now(),
+        );
+        assert_eq!(promoted(&decision), Some("db-1"));
+    }
+
+    #[test]
+    fn a_forced_promotion_waives_the_quorum_but_not_the_loss() {
+        // Synchronous, one of two replicas reporting: blocked.
+        let members = [
+            member("db-0", 30, "primary", 3, "0/9"),
+            member("db-1", 1, "replica", 3, "0/5"),
+            member("db-2", 40, "replica", 3, "0/9"),
+        ];
+        let policy = quorum(1, 3);
+        let Decision::Wait { reason, .. } = decide("db-0", &members, Some(3), None, policy, now())
+        else {
+            panic!("blocked");
+        };
+        let forced = |members: &[Member], target: &str| {
+            forced("db-0", members, Some(3), &reason, target, policy, now())
+        };
+        let decision = forced(&members, "db-1").expect("forced");
+        assert_eq!(promoted(&decision), Some("db-1"));
+        assert!(
+            matches!(&decision, Decision::Promote { reason, .. } if reason.contains("accepting data loss"))
+        );
+        assert!(forced(&members, "db-0").is_err(), "the primary itself");
+        assert!(forced(&members, "db-2").is_err(), "a silent replica");
+        assert!(forced(&members, "db-7").is_err(), "no such member");
+        let mut hearing = members.clone();
+        hearing[2].observed.hears_primary = Some("db-0".into());
+        let refusal = |members: &[Member]| forced(members, "db-1").err().unwrap_or_default();
+        assert!(refusal(&hearing).contains("may be serving"));
+        let mut behind = members.clone();
+        behind[1].observed.timeline = Some(2);
+        assert!(refusal(&behind).contains("behind"));
     }
 
     #[test]

@@ -11,7 +11,8 @@ use cairn_api::database::instance::{
     BOOTSTRAP_ANNOTATION, BOOTSTRAP_INITDB, BOOTSTRAP_RESTORE, FENCED_ANNOTATION,
 };
 use cairn_api::database::v1::{
-    DatabaseCluster, DatabaseClusterStatus, FailoverRecord, SwitchoverRecord,
+    DatabaseCluster, DatabaseClusterStatus, FORCED_PROMOTION_ANNOTATION, FailoverRecord,
+    ForcedPromotion, SwitchoverRecord,
 };
 use cairn_runtime::conditions::Time;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -101,6 +102,7 @@ pub async fn step(
             to,
             reason,
             primary_last_seen,
+            forced,
         } => {
             let record = FailoverRecord {
                 from: primary.clone(),
@@ -110,7 +112,7 @@ pub async fn step(
                 promoted_at: now.clone(),
                 completed_at: None,
             };
-            if promote(ctx, cluster, members, &record).await? {
+            if promote(ctx, cluster, members, &record, forced).await? {
                 primary = to;
                 last_failover = Some(record);
             }
@@ -223,7 +225,29 @@ fn decide(
         };
     }
     let timeline = cluster.status.as_ref().and_then(|s| s.timeline);
-    failover::decide(primary, members, timeline, not_serving_for, policy, now)
+    let decision = failover::decide(primary, members, timeline, not_serving_for, policy, now);
+    let Decision::Wait { reason, recheck } = decision else {
+        return decision;
+    };
+    let Some(value) = cluster.annotations().get(FORCED_PROMOTION_ANNOTATION) else {
+        return Decision::Wait { reason, recheck };
+    };
+    let refused = |why: String| Decision::Wait {
+        reason: format!("{reason}; {FORCED_PROMOTION_ANNOTATION} is not followed: {why}"),
+        recheck,
+    };
+    let Some(order) = ForcedPromotion::parse(value) else {
+        return refused(format!("{value:?} is not <pod>@<timeline>"));
+    };
+    if timeline != Some(order.timeline) {
+        // Given for an earlier loss: the cluster has moved on since.
+        return refused(format!(
+            "it was given on timeline {}, and the cluster is on another",
+            order.timeline
+        ));
+    }
+    failover::forced(primary, members, timeline, &reason, &order.pod, policy, now)
+        .unwrap_or_else(refused)
 }
 
 /// The failover policy the spec asks for.
@@ -231,6 +255,7 @@ pub fn policy(cluster: &DatabaseCluster) -> Policy {
     let spec = &cluster.spec;
     Policy {
         delay: spec.failover_delay(),
+        start_timeout: spec.failover_start_timeout(),
         max_lag_bytes: spec.failover_max_lag_bytes(),
         quorum: spec.synchronous_replicas().map(|synchronous| Quorum {
             synchronous,
@@ -248,6 +273,7 @@ async fn promote(
     cluster: &DatabaseCluster,
     members: &[Member],
     record: &FailoverRecord,
+    forced: bool,
 ) -> Result<bool, Error> {
     let namespace = cluster.namespace().unwrap_or_default();
     // Read, not cached: the last look before a promotion must not be a
@@ -294,8 +320,12 @@ async fn promote(
         "primary {} lost ({}): promoted {}",
         record.from, record.reason, record.to
     );
-    ctx.publish(cluster, EventType::Warning, "FailedOver", note)
-        .await;
+    let event = if forced {
+        "ForcedFailover"
+    } else {
+        "FailedOver"
+    };
+    ctx.publish(cluster, EventType::Warning, event, note).await;
     Ok(true)
 }
 
@@ -354,7 +384,7 @@ async fn switch_over(
         .as_ref()
         .and_then(|s| s.last_switchover.clone());
     let mut note = None;
-    match switchover::next(requested, primary, record.as_ref(), members) {
+    match switchover::next(requested, primary, record.as_ref(), members, now.0) {
         Step::None => {}
         Step::Refuse(why) => note = Some((status::reason::SWITCHOVER_REFUSED, why)),
         Step::Wait(why) => note = Some((status::reason::SWITCHING_OVER, why)),
@@ -366,6 +396,7 @@ async fn switch_over(
                 promoted_at: None,
                 completed_at: None,
                 write_unavailable_seconds: None,
+                abandoned: None,
             };
             record_decision(ctx, cluster, json!({ "lastSwitchover": started })).await?;
             let message = format!("demoting {} to promote {}", started.from, started.to);
@@ -378,6 +409,24 @@ async fn switch_over(
             .await;
             note = Some((status::reason::SWITCHING_OVER, message));
             record = Some(started);
+        }
+        Step::Abandon(why) => {
+            if let Some(given_up) = record.as_mut() {
+                given_up.completed_at = Some(now.clone());
+                given_up.abandoned = Some(why.clone());
+                // Recorded first: the old primary is labelled primary again
+                // below, and a crash in between must not demote it anew.
+                record_decision(ctx, cluster, json!({ "lastSwitchover": given_up })).await?;
+                tracing::warn!(from = %given_up.from, to = %given_up.to, %why, "switchover given up");
+                ctx.publish(
+                    cluster,
+                    EventType::Warning,
+                    "SwitchoverAbandoned",
+                    why.clone(),
+                )
+                .await;
+            }
+            note = Some((status::reason::SWITCHOVER_ABANDONED, why));
         }
         Step::Promote => {
             if let Some(promoted) = record.as_mut() {
@@ -485,6 +534,7 @@ mod tests {
             promoted_at: promoted.then(|| time(at + 5)),
             completed_at: promoted.then(|| time(at + 6)),
             write_unavailable_seconds: promoted.then_some(6.0),
+            abandoned: None,
         }
     }
 

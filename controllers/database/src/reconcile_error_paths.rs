@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cairn_api::database::instance::{FENCED_ANNOTATION, OBSERVED_ANNOTATION};
+use cairn_api::database::v1::FORCED_PROMOTION_ANNOTATION;
 use cairn_runtime::errors::ErrorClass;
 use cairn_runtime::manager::Classify;
 use cairn_testing::fake_api::{Answer, FakeApi, Fault, Recorded};
@@ -596,4 +597,191 @@ async fn a_deleted_primary_lease_is_recreated_and_deposes_no_one() {
         fake.writes()
     );
     assert!(!promoted(&fake), "{:#?}", fake.writes());
+}
+
+/// A switchover whose target never caught up (it restarted) is given up at
+/// its deadline: recorded first, then the old primary labelled primary
+/// again, with an Event; no one deposed, nothing promoted.
+#[tokio::test]
+async fn a_stalled_switchover_is_given_up_and_the_old_primary_labelled_primary_again() {
+    use crate::build::ROLE_LABEL;
+    let mut cluster = serving_cluster();
+    let started = Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(61);
+    cluster.status.as_mut().expect("a status").last_switchover =
+        Some(cairn_api::database::v1::SwitchoverRecord {
+            from: "orders-0".into(),
+            to: "orders-1".into(),
+            started_at: Time(started),
+            promoted_at: None,
+            completed_at: None,
+            write_unavailable_seconds: None,
+            abandoned: None,
+        });
+    let (fake, client) = fake_with(&cluster);
+    let leases = [
+        member_lease(
+            "orders-0",
+            0,
+            serde_json::json!({ "ready": true, "role": "replica", "timeline": 3,
+                                "shutdownPosition": "0/3000148" }),
+        ),
+        member_lease("orders-1", 0, serde_json::json!({ "ready": false })),
+    ];
+    let mut pods = Vec::new();
+    for name in ["orders-0", "orders-1"] {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": name, "namespace": "shop", "resourceVersion": "3",
+                "labels": { "app.kubernetes.io/instance": "orders", ROLE_LABEL: "replica" },
+            },
+        }))
+        .expect("a pod");
+        fake.put(
+            &format!("/api/v1/namespaces/shop/pods/{name}"),
+            serde_json::to_value(&pod).expect("serializes"),
+        );
+        pods.push(pod);
+    }
+    for lease in &leases {
+        fake.put(
+            &format!(
+                "/apis/coordination.k8s.io/v1/namespaces/shop/leases/{}",
+                lease.name_any()
+            ),
+            serde_json::to_value(lease).expect("serializes"),
+        );
+    }
+    let ctx = context_with(client, &pods, &leases);
+    let _ = reconcile(Arc::new(cluster), ctx).await;
+    let writes = fake.writes();
+    let shown: Vec<String> = writes.iter().map(|w| format!("{w} {}", w.body)).collect();
+    let given_up = writes.iter().position(|w| {
+        w.is_status_write()
+            && w.body["status"]["lastSwitchover"]["abandoned"]
+                .as_str()
+                .is_some_and(|why| why.contains("orders-0 is the primary again"))
+    });
+    let relabelled = |pod: &str| {
+        writes.iter().position(|w| {
+            w.path.ends_with(&format!("/pods/{pod}"))
+                && w.body["metadata"]["labels"][ROLE_LABEL] == "primary"
+        })
+    };
+    assert!(given_up.is_some(), "the switchover given up: {shown:#?}");
+    assert!(
+        relabelled("orders-0") > given_up,
+        "recorded, then the old primary labelled primary: {shown:#?}"
+    );
+    assert_eq!(relabelled("orders-1"), None, "{shown:#?}");
+    assert!(
+        !writes
+            .iter()
+            .any(|w| w.path.contains("/leases/") && w.body.to_string().contains(FENCED_ANNOTATION)),
+        "no one deposed: {shown:#?}"
+    );
+    assert!(
+        writes
+            .iter()
+            .any(|w| w.path.contains("/events") && w.body["reason"] == "SwitchoverAbandoned"),
+        "an Event says so: {shown:#?}"
+    );
+}
+
+/// A failover blocked by `maxLagBytes` stays blocked, and says so, until an
+/// operator orders the promotion accepting the loss: then the primary is
+/// deposed, the replica promoted, and the record and the Event say it was
+/// forced. An order given on an earlier timeline does nothing.
+#[tokio::test]
+async fn a_blocked_failover_is_forced_only_by_an_order_for_its_timeline() {
+    let mut cluster = serving_cluster();
+    cluster.spec.failover = Some(
+        serde_json::from_value(serde_json::json!({ "delaySeconds": 10, "maxLagBytes": 0 }))
+            .expect("a failover spec"),
+    );
+    let leases = [
+        member_lease(
+            "orders-0",
+            60,
+            serde_json::json!({ "ready": true, "role": "primary", "timeline": 3,
+                                "walPosition": "0/9000000" }),
+        ),
+        member_lease(
+            "orders-1",
+            0,
+            serde_json::json!({ "ready": true, "role": "replica", "timeline": 3,
+                                "walPosition": "0/5000000", "receivedPosition": "0/5000000" }),
+        ),
+    ];
+    let run = |order: Option<&str>| {
+        let mut cluster = cluster.clone();
+        if let Some(order) = order {
+            cluster.metadata.annotations =
+                Some([(FORCED_PROMOTION_ANNOTATION.to_owned(), order.to_owned())].into());
+        }
+        let leases = leases.clone();
+        async move {
+            let (fake, client) = fake_with(&cluster);
+            for lease in &leases {
+                fake.put(
+                    &format!(
+                        "/apis/coordination.k8s.io/v1/namespaces/shop/leases/{}",
+                        lease.name_any()
+                    ),
+                    serde_json::to_value(lease).expect("serializes"),
+                );
+            }
+            let ctx = context_with(client, &[], &leases);
+            let _ = reconcile(Arc::new(cluster), ctx).await;
+            fake.writes()
+        }
+    };
+    let promoted = |writes: &[Recorded]| {
+        writes.iter().find_map(|w| {
+            (w.is_status_write() && w.body["status"]["currentPrimary"] == "orders-1")
+                .then(|| w.body["status"]["lastFailover"]["reason"].clone())
+        })
+    };
+    let blocked = |writes: &[Recorded]| {
+        writes
+            .iter()
+            .filter(|w| w.is_status_write())
+            .flat_map(|w| {
+                w.body["status"]["conditions"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .find(|c| c["reason"] == "FailoverBlocked")
+            .map(|c| c["message"].as_str().unwrap_or_default().to_owned())
+    };
+
+    let writes = run(None).await;
+    assert_eq!(promoted(&writes), None, "{writes:#?}");
+    let message = blocked(&writes).expect("FailoverBlocked");
+    assert!(message.contains("maxLagBytes"), "{message}");
+
+    let writes = run(Some("orders-1@2")).await;
+    assert_eq!(promoted(&writes), None, "{writes:#?}");
+    let message = blocked(&writes).expect("FailoverBlocked");
+    assert!(message.contains("given on timeline 2"), "{message}");
+
+    let writes = run(Some("orders-1@3")).await;
+    let reason = promoted(&writes).expect("promoted");
+    assert!(
+        reason
+            .as_str()
+            .is_some_and(|r| r.contains("accepting data loss") && r.contains("maxLagBytes")),
+        "{reason}"
+    );
+    assert!(
+        writes.iter().any(|w| w.path.ends_with("/leases/orders-0")
+            && w.body["metadata"]["annotations"][FENCED_ANNOTATION] == "true"),
+        "the lost primary deposed first: {writes:#?}"
+    );
+    assert!(
+        writes
+            .iter()
+            .any(|w| w.path.contains("/events") && w.body["reason"] == "ForcedFailover"),
+        "{writes:#?}"
+    );
 }

@@ -36,6 +36,7 @@ pub mod reason {
     pub const PRIMARY_CUT_OFF: &str = "PrimaryCutOffFromAPIServer";
     pub const SWITCHING_OVER: &str = "SwitchingOver";
     pub const SWITCHOVER_REFUSED: &str = "SwitchoverRefused";
+    pub const SWITCHOVER_ABANDONED: &str = "SwitchoverAbandoned";
     pub const STORAGE_EXPANSION_NOT_SUPPORTED: &str = "StorageExpansionNotSupported";
     pub const WAL_ARCHIVING: &str = "WALArchiving";
     pub const WAL_ARCHIVING_FAILING: &str = "WALArchivingFailing";
@@ -486,8 +487,8 @@ pub fn switchover(
         );
     };
     match switching.note {
-        Some((reason::SWITCHOVER_REFUSED, message)) => {
-            set(PROGRESSING, false, reason::SWITCHOVER_REFUSED, &message);
+        Some((why @ (reason::SWITCHOVER_REFUSED | reason::SWITCHOVER_ABANDONED), message)) => {
+            set(PROGRESSING, false, why, &message);
         }
         Some((why, message)) => set(PROGRESSING, true, why, &message),
         None if under_way => set(

@@ -4,10 +4,21 @@
 //! replicas), the target is promoted only once it has replayed all of it, so
 //! no committed transaction is lost. Applied by `reconcile`; the progress is
 //! in `status.lastSwitchover`.
+//!
+//! A switchover leaves the cluster without a primary on purpose, and holds
+//! failover off meanwhile, so it has a deadline: unpromoted after
+//! [`DEADLINE`] (the target restarted, or never received the shutdown
+//! checkpoint) it is given up, the old primary is labelled primary again,
+//! and failover watches it as any primary. Giving up is safe at any moment,
+//! so the deadline is read from wall clocks: no replica was promoted, and
+//! the old primary holds every write it acknowledged.
+
+use std::time::Duration;
 
 use cairn_api::database::instance::{ROLE_PRIMARY, ROLE_REPLICA, parse_lsn};
 pub use cairn_api::database::v1::SWITCHOVER_ANNOTATION;
 use cairn_api::database::v1::SwitchoverRecord;
+use k8s_openapi::jiff::Timestamp;
 
 use crate::failover::Member;
 
@@ -24,7 +35,18 @@ pub enum Step {
     Wait(String),
     /// The target has everything: promote it.
     Promote,
+    /// Unpromoted past the deadline: give it up; why.
+    Abandon(String),
 }
+
+/// How long a switchover may go without promoting its target: a fast
+/// shutdown, an immediate one after it, and the target's catching up take
+/// seconds.
+pub const DEADLINE: Duration = Duration::from_secs(60);
+
+/// How long after giving up a switchover the same target is not tried
+/// again: the annotation is a lasting request, and each try stops writes.
+pub const RETRY_AFTER: Duration = Duration::from_secs(300);
 
 /// The next step towards `requested`, given the current primary, the record
 /// of the switchover under way (or the last one), and the members.
@@ -33,15 +55,37 @@ pub fn next(
     primary: &str,
     record: Option<&SwitchoverRecord>,
     members: &[Member],
+    now: Timestamp,
 ) -> Step {
     if let Some(record) = under_way(record) {
-        return progress(record, members);
+        return match progress(record, members) {
+            Step::Wait(why) if seconds_since(&record.started_at, now) >= DEADLINE.as_secs() => {
+                Step::Abandon(format!(
+                    "{} was not promoted within {} s ({why}): {} is the primary again",
+                    record.to,
+                    DEADLINE.as_secs(),
+                    record.from
+                ))
+            }
+            step => step,
+        };
     }
     let Some(target) = requested else {
         return Step::None;
     };
     if target == primary {
         return Step::None; // done, or nothing to do
+    }
+    if let Some(last) = record
+        && last.to == target
+        && let (Some(why), Some(at)) = (&last.abandoned, &last.completed_at)
+        && seconds_since(at, now) < RETRY_AFTER.as_secs()
+    {
+        return Step::Refuse(format!(
+            "the switchover to {target} was given up {} s ago ({why}); it is tried again {} s after that",
+            seconds_since(at, now),
+            RETRY_AFTER.as_secs()
+        ));
     }
     let Some(member) = members.iter().find(|m| m.pod == target) else {
         return Step::Refuse(format!("{target} is not an instance of this cluster"));
@@ -61,9 +105,16 @@ pub fn next(
     }
 }
 
-/// The switchover recorded and not yet promoted, if there is one.
+/// The switchover recorded and not yet promoted nor given up, if there is one.
 pub fn under_way(record: Option<&SwitchoverRecord>) -> Option<&SwitchoverRecord> {
-    record.filter(|r| r.promoted_at.is_none())
+    record.filter(|r| r.promoted_at.is_none() && r.abandoned.is_none())
+}
+
+fn seconds_since(
+    then: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+    now: Timestamp,
+) -> u64 {
+    u64::try_from(now.duration_since(then.0).as_secs()).unwrap_or(0)
 }
 
 fn progress(record: &SwitchoverRecord, members: &[Member]) -> Step {
@@ -135,7 +186,12 @@ mod tests {
             promoted_at: None,
             completed_at: None,
             write_unavailable_seconds: None,
+            abandoned: None,
         }
+    }
+
+    fn at(seconds: i64) -> Timestamp {
+        Timestamp::from_second(seconds).expect("valid")
     }
 
     #[test]
@@ -145,16 +201,19 @@ mod tests {
             member("db-1", Some("replica"), "0/5", "0/5"),
         ];
         assert_eq!(
-            next(Some("db-1"), "db-0", None, &members),
+            next(Some("db-1"), "db-0", None, &members, at(1)),
             Step::Demote {
                 from: "db-0".into(),
                 to: "db-1".into()
             }
         );
-        assert_eq!(next(Some("db-0"), "db-0", None, &members), Step::None);
-        assert_eq!(next(None, "db-0", None, &members), Step::None);
+        assert_eq!(
+            next(Some("db-0"), "db-0", None, &members, at(1)),
+            Step::None
+        );
+        assert_eq!(next(None, "db-0", None, &members, at(1)), Step::None);
         assert!(matches!(
-            next(Some("db-7"), "db-0", None, &members),
+            next(Some("db-7"), "db-0", None, &members, at(1)),
             Step::Refuse(_)
         ));
     }
@@ -166,7 +225,7 @@ mod tests {
             member("db-1", Some("replica"), "0/9", "0/9"),
         ];
         assert!(matches!(
-            next(Some("db-1"), "db-0", Some(&record()), &running),
+            next(Some("db-1"), "db-0", Some(&record()), &running, at(1)),
             Step::Wait(w) if w.contains("still running")
         ));
         let mut stopped = member("db-0", None, "0/0", "0/0");
@@ -176,7 +235,7 @@ mod tests {
             member("db-1", Some("replica"), "0/A0", "0/A0"),
         ];
         assert!(matches!(
-            next(Some("db-1"), "db-0", Some(&record()), &stopping),
+            next(Some("db-1"), "db-0", Some(&record()), &stopping, at(1)),
             Step::Wait(w) if w.contains("stopping")
         ));
         let behind = [
@@ -184,13 +243,66 @@ mod tests {
             member("db-1", Some("replica"), "0/A0", "0/90"),
         ];
         assert!(matches!(
-            next(Some("db-1"), "db-0", Some(&record()), &behind),
+            next(Some("db-1"), "db-0", Some(&record()), &behind, at(1)),
             Step::Wait(w) if w.contains("not replayed")
         ));
         let caught_up = [stopped, member("db-1", Some("replica"), "0/A0", "0/A0")];
         assert_eq!(
-            next(Some("db-1"), "db-0", Some(&record()), &caught_up),
+            next(Some("db-1"), "db-0", Some(&record()), &caught_up, at(1)),
             Step::Promote
+        );
+    }
+
+    #[test]
+    fn a_switchover_not_promoted_by_its_deadline_is_given_up() {
+        // The target restarted: it never reports the old primary's WAL.
+        let mut stopped = member("db-0", Some("replica"), "0/0", "0/0");
+        stopped.observed.shutdown_position = Some("0/98".into());
+        let members = [stopped, member("db-1", None, "0/0", "0/0")];
+        let deadline = i64::try_from(DEADLINE.as_secs()).expect("small");
+        assert!(matches!(
+            next(
+                Some("db-1"),
+                "db-0",
+                Some(&record()),
+                &members,
+                at(deadline - 1)
+            ),
+            Step::Wait(_)
+        ));
+        assert!(matches!(
+            next(Some("db-1"), "db-0", Some(&record()), &members, at(deadline)),
+            Step::Abandon(why) if why.contains("db-0 is the primary again") && why.contains("not replayed")
+        ));
+    }
+
+    #[test]
+    fn a_target_given_up_is_tried_again_only_after_a_while() {
+        let mut given_up = record();
+        given_up.completed_at = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at(60)));
+        given_up.abandoned = Some("db-1 was not promoted within 60 s".into());
+        assert_eq!(under_way(Some(&given_up)), None);
+        let members = [
+            member("db-0", Some("primary"), "0/5", "0/5"),
+            member("db-1", Some("replica"), "0/5", "0/5"),
+            member("db-2", Some("replica"), "0/5", "0/5"),
+        ];
+        let retry = 60 + i64::try_from(RETRY_AFTER.as_secs()).expect("small");
+        assert!(matches!(
+            next(Some("db-1"), "db-0", Some(&given_up), &members, at(retry - 1)),
+            Step::Refuse(why) if why.contains("given up")
+        ));
+        let demote = |to: &str| Step::Demote {
+            from: "db-0".into(),
+            to: to.into(),
+        };
+        assert_eq!(
+            next(Some("db-1"), "db-0", Some(&given_up), &members, at(retry)),
+            demote("db-1")
+        );
+        assert_eq!(
+            next(Some("db-2"), "db-0", Some(&given_up), &members, at(61)),
+            demote("db-2")
         );
     }
 }

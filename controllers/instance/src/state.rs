@@ -53,6 +53,8 @@ pub struct Status {
     /// within the hold time (`peers`): it refuses promotion meanwhile.
     pub hears_primary: Option<String>,
     pub streaming: Option<bool>,
+    /// postgres runs but refuses connections as starting up.
+    pub starting: bool,
     pub server_version: Option<String>,
     pub pending_restart: Vec<String>,
     /// Unexpected exits of postgres since this process started.
@@ -116,6 +118,7 @@ impl State {
                 wal_position: status.wal_position.clone(),
                 received_position: status.received_position.clone(),
                 synchronous_standby_names: status.synchronous_standby_names.clone(),
+                starting: status.starting,
                 server_version: status.server_version.clone(),
                 shutdown_position: status.shutdown_position.clone(),
                 hears_primary: status.hears_primary.clone(),
@@ -143,6 +146,7 @@ impl State {
                 // The role is what a running server reports: none now.
                 s.role = None;
                 s.streaming = None;
+                s.starting = false;
             }
         });
         if phase != Phase::Running {
@@ -209,6 +213,7 @@ impl State {
             s.replication_lag_seconds = sample.and_then(|x| x.lag_seconds);
             s.streaming = sample.filter(|x| x.in_recovery).map(|x| x.streaming);
             if let Some(x) = sample {
+                s.starting = false;
                 s.server_version = Some(x.server_version.clone());
                 s.pending_restart = x.pending_restart.clone();
             }
@@ -269,5 +274,24 @@ mod tests {
         let status = state.status();
         assert_eq!((status.last_error, status.last_error_class), (None, None));
         assert!(state.metrics.render().contains("{class=\"waiting\"} 2"));
+    }
+
+    #[test]
+    fn starting_up_is_reported_until_a_sample_or_a_stop() {
+        let state = State::new(Metrics::new().expect("metrics"));
+        let observed = state.observed();
+        state.update(|s| s.starting = true);
+        assert!(observed.borrow().starting);
+        let refused = Err(Error::Waiting("not accepting connections".to_owned()));
+        state.observe(None, refused);
+        assert!(
+            observed.borrow().starting,
+            "a failed sample changes nothing"
+        );
+        state.observe(Some(&Sample::default()), Ok(()));
+        assert!(!observed.borrow().starting, "it answered");
+        state.update(|s| s.starting = true);
+        state.phase(Phase::Stopping);
+        assert!(!observed.borrow().starting, "stopping");
     }
 }

@@ -177,11 +177,17 @@ impl Supervisor {
     /// promotes a replica only once it has received everything up to it.
     pub(super) async fn report_shutdown_position(&self) {
         match self.control_data().await {
-            Ok(control) => {
-                tracing::info!(position = ?control.checkpoint, "stopped as a primary");
-                self.state
-                    .update(|s| s.shutdown_position = control.checkpoint);
-            }
+            Ok(control) => match control.shutdown_checkpoint() {
+                Some(position) => {
+                    tracing::info!(position, "stopped as a primary");
+                    let position = position.to_owned();
+                    self.state.update(|s| s.shutdown_position = Some(position));
+                }
+                // A switchover then waits for its deadline and gives up.
+                None => tracing::warn!(
+                    "stopped without a shutdown checkpoint (an immediate stop): no position to report"
+                ),
+            },
             Err(message) => tracing::warn!(%message, "cannot read the shutdown checkpoint"),
         }
     }
@@ -209,6 +215,10 @@ impl Supervisor {
                     // It answered, with a refusal: alive.
                     self.state.answered();
                 }
+                // "the database system is starting up": crash recovery,
+                // which the controller gives a start timeout.
+                let starting = code == Some(&SqlState::CANNOT_CONNECT_NOW);
+                self.state.update(|s| s.starting = starting);
                 if code != Some(&SqlState::INVALID_PASSWORD)
                     && code != Some(&SqlState::INVALID_AUTHORIZATION_SPECIFICATION)
                 {

@@ -14,6 +14,11 @@ use cairn_api::database::instance::parse_lsn;
 #[derive(Debug, PartialEq, Eq)]
 pub(super) struct ControlData {
     pub(super) was_primary: bool,
+    /// `shut down`: the last run of a primary ended with a shutdown
+    /// checkpoint, which a fast or smart stop sends to the streaming
+    /// replicas before it exits. An immediate stop (or a crash) leaves
+    /// `in production`, with WAL past the latest checkpoint.
+    pub(super) shut_down: bool,
     pub(super) timeline: u32,
     /// `Latest checkpoint location`, as `X/Y`.
     pub(super) checkpoint: Option<String>,
@@ -35,10 +40,20 @@ impl ControlData {
         let in_recovery = matches!(state, "shut down in recovery" | "in archive recovery");
         Some(Self {
             was_primary: !in_recovery && !has_backup_label,
+            shut_down: state == "shut down",
             timeline,
             checkpoint: field("Latest checkpoint location").map(str::to_owned),
             min_recovery_point: field("Minimum recovery ending location").and_then(parse_lsn),
         })
+    }
+
+    /// Where a primary's clean shutdown wrote its last record: a replica
+    /// that received WAL past it has every commit. None after an immediate
+    /// stop, whose last records no checkpoint marks.
+    pub(super) fn shutdown_checkpoint(&self) -> Option<&str> {
+        (self.was_primary && self.shut_down)
+            .then_some(self.checkpoint.as_deref())
+            .flatten()
     }
 }
 
@@ -187,6 +202,24 @@ mod tests {
         // A fresh base backup carries the primary's control file.
         assert_eq!(control("in production", true), Some((false, 3)));
         assert_eq!(ControlData::parse("garbage", false), None);
+    }
+
+    #[test]
+    fn only_a_clean_shutdown_reports_its_checkpoint() {
+        let control = |state: &str| {
+            let output = format!(
+                "Database cluster state:               {state}\n\
+                 Latest checkpoint location:           0/3000148\n\
+                 Latest checkpoint's TimeLineID:       3\n"
+            );
+            let control = ControlData::parse(&output, false).expect("parsed");
+            control.shutdown_checkpoint().map(str::to_owned)
+        };
+        assert_eq!(control("shut down").as_deref(), Some("0/3000148"));
+        // An immediate stop: WAL past the checkpoint may never have been sent.
+        for state in ["in production", "shutting down", "shut down in recovery"] {
+            assert_eq!(control(state), None, "{state}");
+        }
     }
 
     #[test]
