@@ -66,6 +66,18 @@ impl Member {
         self.observed.ready && self.observed.role.as_deref() == Some(ROLE_PRIMARY) && !self.fenced
     }
 
+    /// Heard from within the delay, running postgres as a replica: one that
+    /// may be promoted.
+    fn runs_as_replica(&self, delay: Duration) -> bool {
+        self.silent.is_some_and(|s| s <= delay)
+            && self.observed.role.as_deref() == Some(ROLE_REPLICA)
+    }
+
+    /// It hears `primary` claim writes (the instance's `peers`).
+    fn hears(&self, primary: &str) -> bool {
+        self.observed.hears_primary.as_deref() == Some(primary)
+    }
+
     /// Its WAL position as reported now, or else the last one seen.
     fn last_known_position(&self) -> Option<u64> {
         let reported = self.observed.wal_position.as_deref().and_then(parse_lsn);
@@ -254,9 +266,7 @@ pub fn decide(
     let primary_position = current.and_then(Member::last_known_position);
     let mut candidates: Vec<&Member> = members
         .iter()
-        .filter(|m| m.pod != primary)
-        .filter(|m| m.silent.is_some_and(|s| s <= policy.delay))
-        .filter(|m| m.observed.role.as_deref() == Some(ROLE_REPLICA))
+        .filter(|m| m.pod != primary && m.runs_as_replica(policy.delay))
         .collect();
     if candidates.is_empty() {
         return Decision::Wait {
@@ -266,9 +276,8 @@ pub fn decide(
     }
     // A replica that hears the primary claim writes refuses to promote (the
     // instance's `peers`); while every one does, the primary serves.
-    let (hearing, not_hearing): (Vec<&Member>, Vec<&Member>) = candidates
-        .iter()
-        .partition(|m| m.observed.hears_primary.as_deref() == Some(primary));
+    let (hearing, not_hearing): (Vec<&Member>, Vec<&Member>) =
+        candidates.iter().partition(|m| m.hears(primary));
     if not_hearing.is_empty() {
         let names: Vec<&str> = hearing.iter().map(|m| m.pod.as_str()).collect();
         return Decision::Heard {
@@ -311,7 +320,7 @@ pub fn decide(
     // replayed the old primary's WAL past the switch cannot follow at all):
     // promoting it would lose them all, not only the last unreplicated
     // ones. It becomes a candidate once it follows the current timeline.
-    let timeline = timeline.max(current.and_then(|m| m.observed.timeline));
+    let timeline = cluster_timeline(timeline, current);
     let (current_timeline, behind): (Vec<&Member>, Vec<&Member>) = candidates
         .iter()
         .partition(|m| m.observed.timeline >= timeline);
@@ -444,14 +453,12 @@ pub fn forced(
     let Some(member) = members.iter().find(|m| m.pod == target) else {
         return Err(format!("{target} has no membership Lease"));
     };
-    let running = member.silent.is_some_and(|s| s <= policy.delay)
-        && member.observed.role.as_deref() == Some(ROLE_REPLICA);
-    if !running {
+    if !member.runs_as_replica(policy.delay) {
         return Err(format!("{target} is not running as a replica"));
     }
     let hearing: Vec<&str> = members
         .iter()
-        .filter(|m| m.observed.hears_primary.as_deref() == Some(primary))
+        .filter(|m| m.hears(primary))
         .map(|m| m.pod.as_str())
         .collect();
     if !hearing.is_empty() {
@@ -461,7 +468,7 @@ pub fn forced(
         ));
     }
     let current = members.iter().find(|m| m.pod == primary);
-    let timeline = timeline.max(current.and_then(|m| m.observed.timeline));
+    let timeline = cluster_timeline(timeline, current);
     if member.observed.timeline < timeline {
         return Err(format!(
             "{target} is on {}, behind the cluster's {}",
@@ -563,6 +570,12 @@ fn loss(
         state: format!("not serving: {why}"),
         written_ago: for_,
     })
+}
+
+/// The cluster's timeline: the recorded one, or the lost primary's own
+/// last report if newer.
+fn cluster_timeline(recorded: Option<u32>, primary: Option<&Member>) -> Option<u32> {
+    recorded.max(primary.and_then(|m| m.observed.timeline))
 }
 
 fn timeline_name(timeline: Option<u32>) -> String {
@@ -742,30 +755,29 @@ mod tests {
         ));
     }
 
+    /// The decision after the primary has been seen not serving `seconds`.
+    fn not_serving_for(members: &[Member], seconds: u64) -> Decision {
+        decide(
+            "db-0",
+            members,
+            None,
+            Some(Duration::from_secs(seconds)),
+            POLICY,
+            now(),
+        )
+    }
+
     #[test]
     fn a_primary_not_serving_for_longer_than_the_delay_is_lost() {
         let mut primary = member("db-0", 1, "primary", 1, "0/1");
         primary.observed.role = None;
         primary.observed.problem = Some("refusing to run initdb".into());
         let members = [primary, member("db-1", 1, "replica", 1, "0/1")];
-        let within = decide(
-            "db-0",
-            &members,
-            None,
-            Some(Duration::from_secs(5)),
-            POLICY,
-            now(),
-        );
-        assert!(matches!(within, Decision::Keep { .. }));
-        let after = decide(
-            "db-0",
-            &members,
-            None,
-            Some(Duration::from_secs(11)),
-            POLICY,
-            now(),
-        );
-        assert_eq!(promoted(&after), Some("db-1"));
+        assert!(matches!(
+            not_serving_for(&members, 5),
+            Decision::Keep { .. }
+        ));
+        assert_eq!(promoted(&not_serving_for(&members, 11)), Some("db-1"));
     }
 
     #[test]
@@ -775,16 +787,7 @@ mod tests {
         primary.observed.ready = false;
         primary.observed.starting = true;
         let members = [primary.clone(), member("db-1", 1, "replica", 1, "0/1")];
-        let after = |seconds| {
-            decide(
-                "db-0",
-                &members,
-                None,
-                Some(Duration::from_secs(seconds)),
-                POLICY,
-                now(),
-            )
-        };
+        let after = |seconds| not_serving_for(&members, seconds);
         assert!(matches!(after(60), Decision::Keep { .. }));
         assert!(matches!(after(299), Decision::Keep { .. }));
         assert_eq!(promoted(&after(301)), Some("db-1"));
@@ -792,15 +795,7 @@ mod tests {
         let mut silent = primary;
         silent.silent = Some(Duration::from_secs(11));
         let members = [silent, member("db-1", 1, "replica", 1, "0/1")];
-        let decision = decide(
-            "db-0",
-            &members,
-            None,
-            Some(Duration::from_secs(11)),
-            POLICY,
-            now(),
-        );
-        assert_eq!(promoted(&decision), Some("db-1"));
+        assert_eq!(promoted(&not_serving_for(&members, 11)), Some("db-1"));
     }
 
     #[test]

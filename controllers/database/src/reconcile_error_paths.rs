@@ -401,6 +401,20 @@ fn serving_cluster() -> DatabaseCluster {
     cluster
 }
 
+/// `leases` held by the fake API server, as the controller's fresh reads
+/// before a promotion find them.
+fn put_leases(fake: &FakeApi, leases: &[Lease]) {
+    for lease in leases {
+        fake.put(
+            &format!(
+                "/apis/coordination.k8s.io/v1/namespaces/shop/leases/{}",
+                lease.name_any()
+            ),
+            serde_json::to_value(lease).expect("serializes"),
+        );
+    }
+}
+
 /// A Lease in the cluster's membership, renewed `seconds_ago`, reporting
 /// `observed`. Its time in microseconds, as the API server keeps it: the
 /// promotion compares the cached Lease with a fresh read.
@@ -480,15 +494,7 @@ async fn a_child_that_cannot_be_written_does_not_hold_up_a_failover() {
             serde_json::json!({ "ready": true, "role": "replica", "timeline": 3 }),
         ),
     ];
-    for lease in &leases {
-        fake.put(
-            &format!(
-                "/apis/coordination.k8s.io/v1/namespaces/shop/leases/{}",
-                lease.name_any()
-            ),
-            serde_json::to_value(lease).expect("serializes"),
-        );
-    }
+    put_leases(&fake, &leases);
     fake.inject(Fault {
         method: "PATCH",
         path: "/services/orders-rw".into(),
@@ -642,15 +648,7 @@ async fn a_stalled_switchover_is_given_up_and_the_old_primary_labelled_primary_a
         );
         pods.push(pod);
     }
-    for lease in &leases {
-        fake.put(
-            &format!(
-                "/apis/coordination.k8s.io/v1/namespaces/shop/leases/{}",
-                lease.name_any()
-            ),
-            serde_json::to_value(lease).expect("serializes"),
-        );
-    }
+    put_leases(&fake, &leases);
     let ctx = context_with(client, &pods, &leases);
     let _ = reconcile(Arc::new(cluster), ctx).await;
     let writes = fake.writes();
@@ -721,15 +719,7 @@ async fn a_blocked_failover_is_forced_only_by_an_order_for_its_timeline() {
         let leases = leases.clone();
         async move {
             let (fake, client) = fake_with(&cluster);
-            for lease in &leases {
-                fake.put(
-                    &format!(
-                        "/apis/coordination.k8s.io/v1/namespaces/shop/leases/{}",
-                        lease.name_any()
-                    ),
-                    serde_json::to_value(lease).expect("serializes"),
-                );
-            }
+            put_leases(&fake, &leases);
             let ctx = context_with(client, &[], &leases);
             let _ = reconcile(Arc::new(cluster), ctx).await;
             fake.writes()

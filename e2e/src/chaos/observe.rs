@@ -716,19 +716,9 @@ fn sum_of(metrics: &str, name: &str) -> f64 {
 
 /// The reconcile series in Prometheus text, summed over their kinds.
 fn reconciles_in(metrics: &str) -> Reconciles {
-    let sum = |name: &str| -> f64 {
-        metrics
-            .lines()
-            .filter(|line| {
-                line.strip_prefix(name)
-                    .is_some_and(|rest| rest.starts_with('{'))
-            })
-            .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
-            .sum()
-    };
     Reconciles {
-        done: sum("cairn_reconcile_total"),
-        in_flight: sum("cairn_reconciles_in_flight"),
+        done: sum_of(metrics, "cairn_reconcile_total"),
+        in_flight: sum_of(metrics, "cairn_reconciles_in_flight"),
     }
 }
 
