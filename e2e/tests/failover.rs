@@ -7,7 +7,8 @@
 //! row either. Then that primary is cut off from the API server alone: its
 //! replicas still hear it, so it serves on and no failover happens. Cut off
 //! from its peers too, it stops taking writes before a replica may be
-//! promoted, one is, and after the cuts heal it rejoins as a replica.
+//! promoted, one is, and after the cuts heal it rejoins as a replica. Last,
+//! the primary's node is drained: it is switched over before its eviction.
 
 use std::time::{Duration, Instant};
 
@@ -113,6 +114,9 @@ async fn a_stopped_primary_node_fails_over_and_the_old_primary_rejoins() -> Resu
     }
     let fenced_at = fenced?;
     rejoins_as_replica(&ns, &old_primary).await?;
+    until_ready(&clusters, |_| true).await?;
+    until_replicas_follow(&ns, &clusters, CLUSTER, 3).await?;
+    a_drained_node_switches_its_primary_over_first(&ns, &clusters).await?;
 
     stop_writer(&ns).await?;
     let writes = writes(&ns).await?;
@@ -293,6 +297,80 @@ async fn keeps_its_primary(
         "a failover was recorded after {after}"
     );
     Ok(())
+}
+
+/// The primary's node drained for maintenance (`kubectl drain`, of the
+/// cluster's pods): the primary's disruption budget holds its eviction
+/// while the controller switches it over to a replica on another node; the
+/// old primary, relabelled a replica, is evicted then. One switchover, no
+/// failover, and writes pause only for the switchover. The node is
+/// uncordoned after, whatever happened, and the evicted instance returns.
+async fn a_drained_node_switches_its_primary_over_first(
+    ns: &TestNamespace,
+    clusters: &Api<DatabaseCluster>,
+) -> Result {
+    let last_failover = |c: &DatabaseCluster| {
+        c.status
+            .as_ref()
+            .and_then(|s| s.last_failover.as_ref())
+            .map(|f| f.promoted_at.clone())
+    };
+    let failover_before = last_failover(&clusters.get(CLUSTER).await?);
+    let primary = current_primary(clusters, CLUSTER).await?;
+    let node = node_of(ns, &primary).await?;
+    let began = unix_now();
+    let selector = format!("--pod-selector=app.kubernetes.io/instance={CLUSTER}");
+    let drained = cluster()
+        .kubectl(&[
+            "drain",
+            &node,
+            &selector,
+            "--delete-emptydir-data",
+            "--timeout=180s",
+        ])
+        .await;
+    let ended = unix_now();
+    cluster().kubectl(&["uncordon", &node]).await?;
+    drained?;
+    let after = clusters.get(CLUSTER).await?;
+    let record = after
+        .status
+        .as_ref()
+        .and_then(|s| s.last_switchover.clone())
+        .ok_or_else(|| Error::Setup("no switchover recorded".into()))?;
+    let acknowledged: Vec<f64> = writes(ns)
+        .await?
+        .iter()
+        .filter(|w| w.ok && w.at > began - 1.0)
+        .map(|w| w.at)
+        .collect();
+    let longest_gap = acknowledged
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .fold(0.0, f64::max);
+    eprintln!(
+        "drain: {node} drained in {:.1} s; switchover {} → {}, writes unavailable {:?} s (status), \
+         longest gap between acknowledged writes {longest_gap:.1} s",
+        ended - began,
+        record.from,
+        record.to,
+        record.write_unavailable_seconds
+    );
+    assert_eq!(record.from, primary, "the drained node's primary moved");
+    assert!(
+        record.started_at.0.as_second() as f64 >= began.floor() && record.completed_at.is_some(),
+        "one switchover, begun by the drain and completed: {record:?}"
+    );
+    assert_ne!(node_of(ns, &record.to).await?, node, "to another node");
+    assert_eq!(last_failover(&after), failover_before, "no failover");
+    // The switchover's pause, the client's reconnect and one attempt's
+    // timeout; the writer tries every 0.1 s.
+    assert!(
+        longest_gap <= 10.0,
+        "writes paused {longest_gap:.1} s during the drain"
+    );
+    until_ready(clusters, |_| true).await?;
+    until_replicas_follow(ns, clusters, CLUSTER, 3).await
 }
 
 /// No write begun after `since` failed.

@@ -24,7 +24,7 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::{Api, Client, ResourceExt};
 
-use crate::plan::{SILENT_INSTANCE, World};
+use crate::plan::{self, SILENT_INSTANCE, World};
 
 /// A deletion whose clean-up has failed this long is released anyway.
 pub const GIVE_UP_AFTER: Duration = Duration::from_secs(15 * 60);
@@ -102,9 +102,8 @@ fn still_writing(backup: &Backup, world: &World) -> Option<String> {
     }
     let pod = status.instance.as_deref()?;
     let instance = world.instances.iter().find(|i| i.pod == pod)?;
-    let fresh = instance
-        .renewed
-        .is_some_and(|at| world.now.duration_since(at) <= grace);
+    // Not known while the Lease watch is blind: held, as if it still wrote.
+    let fresh = plan::fresh(instance) != Some(false);
     let uid = backup.uid().unwrap_or_default();
     let finished = instance
         .observed
@@ -256,7 +255,8 @@ mod tests {
                     }),
                     ..ObservedState::default()
                 }),
-                renewed: Some(now),
+                silent: Some(Duration::ZERO),
+                beat_seen: true,
             }],
             running: vec![],
             now,

@@ -1,16 +1,20 @@
 //! The reconcile of one Backup: dereference from the caches, decide
 //! (`plan`), write the status the decision gives, say when to look again.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use cairn_api::backup::v1::{
     ARTIFACT_FINALIZER, Backup, BackupDeletionPolicy, BackupMethod, BackupPhase,
 };
 use cairn_api::database::instance::{CLUSTER_LABEL, OBSERVED_ANNOTATION, ObservedState};
 use cairn_api::database::v1::{DatabaseCluster, DatabaseClusterPhase};
+use cairn_runtime::admin::{Health, Sight};
 use cairn_runtime::apply;
 use cairn_runtime::events::publish;
 use cairn_runtime::finalizers;
+use cairn_runtime::heartbeat::Heartbeat;
 use cairn_runtime::manager::Recheck;
 use cairn_storage::StorageError;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -48,6 +52,11 @@ pub struct Context {
     pub metrics: BackupMetrics,
     /// Every status write, remembered against a lagging cache.
     pub applier: cairn_runtime::apply::Applier,
+    /// The caches' watches, to know when the Lease cache can have missed
+    /// renewals (None: never broken, as in tests).
+    pub health: Option<Health>,
+    /// Each instance's heartbeat as this process saw it (`namespace/pod`).
+    pub heartbeats: Mutex<HashMap<String, Heartbeat>>,
 }
 
 impl Context {
@@ -57,6 +66,21 @@ impl Context {
         self.metrics.refresh(&backups);
         self.metrics
             .refresh_schedules(&self.caches.schedules.state(), &backups);
+        self.forget_missing_pods();
+    }
+
+    /// Drops the heartbeats of pods that are gone, so memory stays bounded
+    /// however many instances come and go.
+    fn forget_missing_pods(&self) {
+        let pods = &self.caches.pods;
+        self.heartbeats
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|key, _| {
+                key.split_once('/').is_some_and(|(namespace, pod)| {
+                    pods.get(&ObjectRef::new(pod).within(namespace)).is_some()
+                })
+            });
     }
 
     /// The Backup's cluster, its instances and its other running Backups,
@@ -163,12 +187,23 @@ impl Context {
             .as_ref()
             .and_then(|l| l.spec.as_ref()?.renew_time.as_ref())
             .map(|t| t.0);
-        Instance {
+        let now = Instant::now();
+        let sight = self
+            .health
+            .as_ref()
+            .map_or(Sight::Unbroken, |health| health.sight(&Lease::kind(&())));
+        let mut heartbeats = self.heartbeats.lock().unwrap_or_else(|p| p.into_inner());
+        let key = format!("{namespace}/{}", pod.name_any());
+        let heartbeat = Heartbeat::seen(heartbeats.get(&key), renewed, now);
+        let instance = Instance {
             pod: pod.name_any(),
             uid: pod.uid().unwrap_or_default(),
             observed,
-            renewed,
-        }
+            silent: heartbeat.silence(sight, now),
+            beat_seen: heartbeat.beat_seen(),
+        };
+        heartbeats.insert(key, heartbeat);
+        instance
     }
 }
 

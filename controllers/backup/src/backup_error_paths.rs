@@ -79,6 +79,8 @@ fn harness(backup: &Backup) -> Harness {
         caches,
         metrics,
         applier: Default::default(),
+        health: None,
+        heartbeats: Default::default(),
     });
     Harness {
         fake,

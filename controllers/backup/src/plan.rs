@@ -13,7 +13,7 @@ use cairn_api::database::instance::{
 };
 use cairn_api::database::v1::DatabaseCluster;
 use cairn_runtime::conditions;
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 /// A Backup not finished this long after its creation fails.
@@ -32,8 +32,12 @@ pub struct Instance {
     pub pod: String,
     pub uid: String,
     pub observed: Option<ObservedState>,
-    /// When its Lease was last renewed.
-    pub renewed: Option<Timestamp>,
+    /// How long this process has seen its Lease's renewal unchanged, on
+    /// its own clock (`heartbeat`); None while the Lease watch is blind.
+    pub silent: Option<Duration>,
+    /// This process saw its Lease renewed: it was alive, not only a Lease
+    /// left behind.
+    pub beat_seen: bool,
 }
 
 /// Everything a decision reads.
@@ -143,14 +147,18 @@ fn start(backup: &Backup, world: &World) -> Decision {
             ),
         );
     }
-    match choose(&world.instances, &location, world.now) {
+    match choose(&world.instances, &location) {
         Some(instance) => Decision::Assign {
             pod: instance.pod.clone(),
             uid: instance.uid.clone(),
         },
         None => wait(
             "NoInstanceReady",
-            format!("no ready instance reports the cluster's destination {location}"),
+            format!(
+                "no ready instance reports the cluster's destination {location} and was seen \
+                 renewing its Lease in the last {} s",
+                SILENT_INSTANCE.as_secs()
+            ),
         ),
     }
 }
@@ -167,12 +175,14 @@ pub fn cluster_destination(
 
 /// A ready standby, the most advanced one; the primary when no standby is
 /// ready. Only instances that report the cluster's destination (a change of
-/// destination reaches each pod with its restart).
-fn choose<'a>(instances: &'a [Instance], location: &str, now: Timestamp) -> Option<&'a Instance> {
+/// destination reaches each pod with its restart), and that this process
+/// saw renew their Lease lately.
+fn choose<'a>(instances: &'a [Instance], location: &str) -> Option<&'a Instance> {
     let usable = |i: &&Instance| {
         i.observed.as_ref().is_some_and(|o| {
             o.ready && o.backup_destination.as_deref() == Some(location) && o.problem.is_none()
-        }) && fresh(i, now)
+        }) && fresh(i) == Some(true)
+            && i.beat_seen
     };
     let role = |i: &Instance| i.observed.as_ref().and_then(|o| o.role.clone());
     let position = |i: &Instance| {
@@ -195,10 +205,10 @@ fn choose<'a>(instances: &'a [Instance], location: &str, now: Timestamp) -> Opti
     })
 }
 
-fn fresh(instance: &Instance, now: Timestamp) -> bool {
-    instance.renewed.is_some_and(|at| {
-        now.duration_since(at) <= SignedDuration::try_from(SILENT_INSTANCE).unwrap_or_default()
-    })
+/// Heard from within [`SILENT_INSTANCE`]; None when not known (the Lease
+/// watch is blind).
+pub fn fresh(instance: &Instance) -> Option<bool> {
+    instance.silent.map(|silent| silent <= SILENT_INSTANCE)
 }
 
 /// A Running backup: what its instance reports.
@@ -218,11 +228,16 @@ fn follow(backup: &Backup, status: &BackupStatus, world: &World) -> Decision {
             "instance {pod} was replaced (a new pod) while taking the backup"
         ));
     }
-    if !fresh(instance, world.now) {
-        return lost(format!(
-            "instance {pod} has not reported for more than {} seconds",
-            SILENT_INSTANCE.as_secs()
-        ));
+    match fresh(instance) {
+        Some(true) => {}
+        // Its reports may be arriving unseen: judged once the watch is back.
+        None => return Decision::Running,
+        Some(false) => {
+            return lost(format!(
+                "instance {pod} has not reported for more than {} seconds",
+                SILENT_INSTANCE.as_secs()
+            ));
+        }
     }
     let uid = backup.uid().unwrap_or_default();
     let report = instance
@@ -374,7 +389,8 @@ mod tests {
                 backup_destination: Some(LOCATION.into()),
                 ..ObservedState::default()
             }),
-            renewed: Some(now()),
+            silent: Some(Duration::from_secs(1)),
+            beat_seen: true,
         }
     }
 
@@ -421,14 +437,37 @@ mod tests {
             .as_mut()
             .expect("observed")
             .backup_destination = Some("s3://old/orders/".into());
-        other[1].renewed = Some(now() - SignedDuration::from_secs(60));
+        other[1].silent = Some(Duration::from_secs(60));
         assert_eq!(
-            decide(&pending, &world(&cluster, other)),
+            decide(&pending, &world(&cluster, other.clone())),
             Decision::Assign {
                 pod: "orders-0".into(),
                 uid: "uid-orders-0".into()
             }
         );
+        // Nor one whose renewal this process never saw change (a Lease left
+        // by a dead instance looks fresh to a controller that just started),
+        // nor one while the Lease watch is blind.
+        for unknown in [
+            Instance {
+                beat_seen: false,
+                ..instances[2].clone()
+            },
+            Instance {
+                silent: None,
+                ..instances[2].clone()
+            },
+        ] {
+            let mut seen = instances.clone();
+            seen[2] = unknown;
+            assert_eq!(
+                decide(&pending, &world(&cluster, seen)),
+                Decision::Assign {
+                    pod: "orders-1".into(),
+                    uid: "uid-orders-1".into()
+                }
+            );
+        }
     }
 
     #[test]
@@ -528,14 +567,21 @@ mod tests {
             ));
         }
         let mut silent = reporting(BackupProgressPhase::Running);
-        silent.renewed = Some(now() - SignedDuration::from_secs(31));
+        silent.silent = Some(Duration::from_secs(31));
         assert!(matches!(
-            decide(&backup, &world(&cluster, vec![silent])),
+            decide(&backup, &world(&cluster, vec![silent.clone()])),
             Decision::Failed {
                 reason: "InstanceLost",
                 ..
             }
         ));
+        // While the Lease watch is blind its reports may be arriving
+        // unseen: not lost, judged once the watch delivers again.
+        silent.silent = None;
+        assert_eq!(
+            decide(&backup, &world(&cluster, vec![silent])),
+            Decision::Running
+        );
     }
 
     #[test]
@@ -544,7 +590,6 @@ mod tests {
         let backup = running();
         let mut late = world(&cluster, vec![reporting(BackupProgressPhase::Running)]);
         late.now = "2026-11-26T03:09:00Z".parse().expect("time");
-        late.instances[0].renewed = Some(late.now);
         assert!(matches!(
             decide(&backup, &late),
             Decision::Failed {
@@ -553,7 +598,6 @@ mod tests {
             }
         ));
         late.instances = vec![reporting(BackupProgressPhase::Completed)];
-        late.instances[0].renewed = Some(late.now);
         assert!(matches!(decide(&backup, &late), Decision::Completed(_)));
         assert_eq!(recheck(&backup, &Decision::Running, now()), Some(POLL));
         let near: Timestamp = "2026-11-26T03:08:58Z".parse().expect("time");

@@ -68,6 +68,8 @@ pub fn controllers(manager: &mut Manager) -> Result<Vec<Runnable>, prometheus::E
         caches,
         metrics,
         applier: Default::default(),
+        health: Some(manager.health.clone()),
+        heartbeats: Default::default(),
     });
     let housekeeper = context.clone();
     manager.every(std::time::Duration::from_secs(10), move || {

@@ -380,24 +380,62 @@ pub fn instance_role_binding(cluster: &DatabaseCluster) -> RoleBinding {
     }
 }
 
-/// At most one instance down at a time through voluntary disruptions. None
-/// once the StatefulSet keeps a single pod: a budget of one unavailable pod
-/// would allow every eviction there, so it would be an object (and a write)
-/// that does nothing. While a scale-down to one waits for a switchover, the
-/// pods it keeps are still protected.
-pub fn disruption_budget(cluster: &DatabaseCluster) -> Option<PodDisruptionBudget> {
-    (kept_instances(cluster) > 1).then(|| PodDisruptionBudget {
-        metadata: metadata(cluster, &cluster.name_any(), "database"),
-        spec: Some(PodDisruptionBudgetSpec {
-            max_unavailable: Some(IntOrString::Int(1)),
-            selector: Some(LabelSelector {
-                match_labels: Some(selector_labels(cluster)),
-                ..LabelSelector::default()
+/// The disruption budgets' names: the replicas' (the cluster's own) and the
+/// primary's.
+pub fn disruption_budget_names(cluster: &DatabaseCluster) -> [String; 2] {
+    let name = cluster.name_any();
+    [name.clone(), format!("{name}-primary")]
+}
+
+/// What voluntary disruptions (evictions: a node drain) may take, by role,
+/// since the eviction API refuses a pod that two budgets select:
+/// - the replicas, one at a time;
+/// - the primary, never: its eviction waits while a drain of its node
+///   switches it over (`drain`), and the old primary, relabelled a
+///   replica, falls under the replicas' budget.
+///
+/// None once the StatefulSet keeps a single pod: a budget there would allow
+/// every eviction or block every drain for good, so it would be an object
+/// (and a write) that does nothing useful. While a scale-down to one waits
+/// for a switchover, the pods it keeps are still protected.
+pub fn disruption_budgets(cluster: &DatabaseCluster) -> Vec<PodDisruptionBudget> {
+    if kept_instances(cluster) <= 1 {
+        return Vec::new();
+    }
+    let [replicas, primary] = disruption_budget_names(cluster);
+    let budget = |name: &str, role: &str, spec: PodDisruptionBudgetSpec| {
+        let mut labels = selector_labels(cluster);
+        labels.insert(ROLE_LABEL.to_owned(), role.to_owned());
+        PodDisruptionBudget {
+            metadata: metadata(cluster, name, "database"),
+            spec: Some(PodDisruptionBudgetSpec {
+                selector: Some(LabelSelector {
+                    match_labels: Some(labels),
+                    ..LabelSelector::default()
+                }),
+                ..spec
             }),
-            ..PodDisruptionBudgetSpec::default()
-        }),
-        ..PodDisruptionBudget::default()
-    })
+            ..PodDisruptionBudget::default()
+        }
+    };
+    vec![
+        budget(
+            &replicas,
+            ROLE_REPLICA,
+            PodDisruptionBudgetSpec {
+                max_unavailable: Some(IntOrString::Int(1)),
+                ..PodDisruptionBudgetSpec::default()
+            },
+        ),
+        budget(
+            &primary,
+            ROLE_PRIMARY,
+            PodDisruptionBudgetSpec {
+                min_available: Some(IntOrString::Int(1)),
+                ..PodDisruptionBudgetSpec::default()
+            },
+        ),
+    ]
 }
 
 /// The instances. Replicas and parameters change here. Claim templates are

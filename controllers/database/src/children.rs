@@ -12,7 +12,7 @@ use serde::de::DeserializeOwned;
 use cairn_api::database::v1::DatabaseCluster;
 
 use crate::MANAGER;
-use crate::context::{Context, cached_child};
+use crate::context::{Context, cached_named};
 use crate::desired::{Child, Desired, Instances};
 use crate::error::Error;
 use cairn_runtime::apply::delete_exactly;
@@ -46,8 +46,8 @@ pub async fn apply(
             Child::DisruptionBudget(budget) => {
                 apply_child(ctx, cluster, &caches.disruption_budgets, budget).await?;
             }
-            Child::NoDisruptionBudget => {
-                delete_child(ctx, cluster, &caches.disruption_budgets).await?;
+            Child::NoDisruptionBudget(name) => {
+                delete_child(ctx, cluster, &caches.disruption_budgets, &name).await?;
             }
             Child::Lease(lease) => {
                 apply_child(ctx, cluster, &caches.leases, lease).await?;
@@ -66,13 +66,14 @@ pub async fn apply(
     }
 }
 
-/// Deletes the cached child of the cluster's name that it no longer needs
-/// (the disruption budget of a cluster scaled down to one instance); one
-/// that another object owns is left alone.
+/// Deletes the cached child `name` that the cluster no longer needs (the
+/// disruption budgets of a cluster scaled down to one instance); one that
+/// another object owns is left alone.
 async fn delete_child<K>(
     ctx: &Context,
     cluster: &DatabaseCluster,
     cache: &Store<K>,
+    name: &str,
 ) -> Result<(), Error>
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
@@ -80,7 +81,7 @@ where
         + DeserializeOwned
         + std::fmt::Debug,
 {
-    let Some(child) = cached_child(cache, cluster) else {
+    let Some(child) = cached_named(cache, cluster, name) else {
         return Ok(());
     };
     let owned = child

@@ -2,7 +2,7 @@
 //! the client, the caches of the children, what this process remembers
 //! between reconciles, and the read of one cluster's caches ([`Observed`]).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -11,18 +11,19 @@ use cairn_api::database::v1::DatabaseCluster;
 use cairn_runtime::admin::{Health, Sight};
 use cairn_runtime::apply::Applier;
 use cairn_runtime::events;
+use cairn_runtime::heartbeat::Heartbeat;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
-    ConfigMap, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
+    ConfigMap, Node, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
 };
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use k8s_openapi::jiff::Timestamp;
 use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
 
+use crate::drain;
 use crate::failover::Member;
 use crate::leftovers;
 use crate::metrics::ClusterMetrics;
@@ -145,7 +146,10 @@ impl Context {
             let member = Member::from_lease(lease);
             let age = member
                 .last_seen
-                .and_then(|seen| Duration::try_from(Timestamp::now().duration_since(seen)).ok())
+                .and_then(|seen| {
+                    Duration::try_from(k8s_openapi::jiff::Timestamp::now().duration_since(seen))
+                        .ok()
+                })
                 .unwrap_or_default();
             let cluster = lease
                 .labels()
@@ -156,8 +160,10 @@ impl Context {
             sightings.entry(key).or_default().insert(
                 member.pod,
                 Sighting {
-                    renewed: member.last_seen,
-                    first_seen: now.checked_sub(age).unwrap_or(now),
+                    heartbeat: Heartbeat::since(
+                        member.last_seen,
+                        now.checked_sub(age).unwrap_or(now),
+                    ),
                     written: None,
                     standby_names: None,
                 },
@@ -169,8 +175,7 @@ impl Context {
 /// A member's latest heartbeat as this process saw it.
 #[derive(Clone, Debug)]
 pub struct Sighting {
-    renewed: Option<Timestamp>,
-    first_seen: Instant,
+    heartbeat: Heartbeat,
     /// The highest WAL position reported, and on which timeline.
     written: Option<(Option<u32>, u64)>,
     /// The last `synchronous_standby_names` it reported running.
@@ -222,6 +227,8 @@ pub struct Caches {
     pub pods: Store<Pod>,
     pub claims: Store<PersistentVolumeClaim>,
     pub leases: Store<Lease>,
+    /// Every node (cluster-scoped, trimmed to what a drain shows).
+    pub nodes: Store<Node>,
 }
 
 /// What the caches show of one cluster, read once at the start of a
@@ -233,14 +240,21 @@ pub struct Observed {
     pub pods: Vec<Arc<Pod>>,
     /// The StatefulSet, as last seen.
     pub stateful_set: Option<Arc<StatefulSet>>,
+    /// The instance pods whose node is being drained.
+    pub draining: BTreeSet<String>,
 }
 
 impl Observed {
     pub fn of(ctx: &Context, cluster: &DatabaseCluster) -> Self {
+        let pods = instance_pods(ctx, cluster);
+        let draining = drain::pods_on_draining_nodes(pods.iter().map(AsRef::as_ref), |node| {
+            ctx.caches.nodes.get(&ObjectRef::new(node))
+        });
         Self {
             members: members(ctx, cluster),
-            pods: instance_pods(ctx, cluster),
+            pods,
             stateful_set: cached_child(&ctx.caches.stateful_sets, cluster),
+            draining,
         }
     }
 
@@ -281,35 +295,18 @@ fn members(ctx: &Context, cluster: &DatabaseCluster) -> Vec<Member> {
         .iter_mut()
         .map(|member| {
             let old = seen.get(&member.pod);
-            let mut sighting = match old {
-                Some(old) if old.renewed == member.last_seen => old.clone(),
-                _ => Sighting {
-                    renewed: member.last_seen,
-                    first_seen: now,
-                    written: old.and_then(|o| o.written),
-                    standby_names: old.and_then(|o| o.standby_names.clone()),
-                },
+            let mut sighting = Sighting {
+                heartbeat: Heartbeat::seen(old.map(|o| &o.heartbeat), member.last_seen, now),
+                written: old.and_then(|o| o.written),
+                standby_names: old.and_then(|o| o.standby_names.clone()),
             };
             sighting.remember(&mut member.observed);
-            member.silent = silence(sight, sighting.first_seen, now);
+            member.silent = sighting.heartbeat.silence(sight, now);
             member.written = sighting.written.map(|(_, position)| position);
             (member.pod.clone(), sighting)
         })
         .collect();
     members
-}
-
-/// How long a member has been seen silent: from the first sight of its last
-/// renewal, or from the Lease watch's resumption if that came later (a
-/// renewal in between was not seen); unknown while the watch is blind. A
-/// broken watch thus delays a failover by its outage, never hastens one.
-fn silence(sight: Sight, first_seen: Instant, now: Instant) -> Option<Duration> {
-    let since = match sight {
-        Sight::Unbroken => first_seen,
-        Sight::Since(resumed) => first_seen.max(resumed),
-        Sight::Blind => return None,
-    };
-    Some(now.duration_since(since))
 }
 
 /// The cluster's instance pods, from the cache.
@@ -357,34 +354,9 @@ mod tests {
     }
 
     #[test]
-    fn silence_is_unknown_while_the_lease_watch_is_blind_and_counts_from_its_resumption() {
-        let now = Instant::now();
-        let ago = |seconds| {
-            now.checked_sub(Duration::from_secs(seconds))
-                .expect("uptime")
-        };
-        assert_eq!(
-            silence(Sight::Unbroken, ago(30), now),
-            Some(Duration::from_secs(30))
-        );
-        assert_eq!(silence(Sight::Blind, ago(30), now), None);
-        // Resumed 3 s ago: a renewal before then may not have been seen.
-        assert_eq!(
-            silence(Sight::Since(ago(3)), ago(30), now),
-            Some(Duration::from_secs(3))
-        );
-        // A renewal first seen after the resumption counts from its sight.
-        assert_eq!(
-            silence(Sight::Since(ago(30)), ago(2), now),
-            Some(Duration::from_secs(2))
-        );
-    }
-
-    #[test]
     fn a_failed_sample_reports_the_quorum_last_run() {
         let mut sighting = Sighting {
-            renewed: None,
-            first_seen: Instant::now(),
+            heartbeat: Heartbeat::since(None, Instant::now()),
             written: None,
             standby_names: None,
         };
@@ -413,8 +385,7 @@ mod tests {
     #[test]
     fn the_last_known_position_survives_a_failed_sample_and_resets_on_a_new_timeline() {
         let mut sighting = Sighting {
-            renewed: None,
-            first_seen: Instant::now(),
+            heartbeat: Heartbeat::since(None, Instant::now()),
             written: None,
             standby_names: None,
         };

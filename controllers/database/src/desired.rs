@@ -41,9 +41,9 @@ pub enum Child {
     ConfigMap(ConfigMap),
     Service(Service),
     DisruptionBudget(PodDisruptionBudget),
-    /// No disruption budget: a single instance's would allow every
-    /// eviction or none; the one there is (from more instances) goes.
-    NoDisruptionBudget,
+    /// No disruption budget of this name: a single instance's would allow
+    /// every eviction or none; the one there is (from more instances) goes.
+    NoDisruptionBudget(String),
     Lease(Lease),
 }
 
@@ -66,10 +66,16 @@ pub fn children(cluster: &DatabaseCluster, inputs: &Inputs) -> Desired {
         Child::ConfigMap(tls::ca_config_map(cluster, inputs.authority)),
     ];
     children.extend(build::services(cluster).map(Child::Service));
-    children.push(match build::disruption_budget(cluster) {
-        Some(budget) => Child::DisruptionBudget(budget),
-        None => Child::NoDisruptionBudget,
-    });
+    let mut budgets = build::disruption_budgets(cluster);
+    for name in build::disruption_budget_names(cluster) {
+        let budget = budgets
+            .iter()
+            .position(|b| b.metadata.name.as_deref() == Some(name.as_str()));
+        children.push(match budget {
+            Some(at) => Child::DisruptionBudget(budgets.remove(at)),
+            None => Child::NoDisruptionBudget(name),
+        });
+    }
     children.extend(build::member_leases(cluster).into_iter().map(Child::Lease));
     let stateful_set = match inputs.stateful_set {
         Some(old) if build::needs_replacing(old) => Instances::Replace(old.clone()),
@@ -105,7 +111,7 @@ mod tests {
                 Child::ConfigMap(o) => format!("ConfigMap/{}", o.name_any()),
                 Child::Service(o) => format!("Service/{}", o.name_any()),
                 Child::DisruptionBudget(o) => format!("PodDisruptionBudget/{}", o.name_any()),
-                Child::NoDisruptionBudget => "no PodDisruptionBudget".to_owned(),
+                Child::NoDisruptionBudget(name) => format!("no PodDisruptionBudget/{name}"),
                 Child::Lease(o) => format!("Lease/{}", o.name_any()),
             })
             .collect()
@@ -134,6 +140,7 @@ mod tests {
                 "Service/orders-ro",
                 "Service/orders",
                 "PodDisruptionBudget/orders",
+                "PodDisruptionBudget/orders-primary",
                 "Lease/orders-0",
                 "Lease/orders-1",
                 "Lease/orders-2",
@@ -143,7 +150,7 @@ mod tests {
     }
 
     #[test]
-    fn a_single_instance_has_its_budget_removed() {
+    fn a_single_instance_has_its_budgets_removed() {
         let cluster = fixtures::cluster(1, &[]);
         let authority = authority();
         let inputs = Inputs {
@@ -151,10 +158,12 @@ mod tests {
             authority: &authority,
         };
         let names = names(&children(&cluster, &inputs));
-        assert!(
-            names.contains(&"no PodDisruptionBudget".to_owned()),
-            "{names:?}"
-        );
+        for name in ["orders", "orders-primary"] {
+            assert!(
+                names.contains(&format!("no PodDisruptionBudget/{name}")),
+                "{names:?}"
+            );
+        }
     }
 
     #[test]

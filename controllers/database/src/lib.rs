@@ -10,6 +10,7 @@ pub mod build;
 pub mod children;
 pub mod context;
 pub mod desired;
+pub mod drain;
 pub mod error;
 pub mod failover;
 #[cfg(test)]

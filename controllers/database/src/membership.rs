@@ -5,6 +5,7 @@
 //! is invalid: a child that cannot be written must not leave a cluster
 //! without a primary.
 
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use cairn_api::database::instance::{
@@ -25,6 +26,7 @@ use serde_json::json;
 
 use crate::build::{ROLE_LABEL, ROLE_PRIMARY, ROLE_REPLICA};
 use crate::context::{self, Context, Observed};
+use crate::drain;
 use crate::error::Error;
 use crate::failover::{self, Decision, Member, Policy, Quorum};
 use crate::status::{self, Switching};
@@ -74,7 +76,16 @@ pub async fn step(
         .status
         .as_ref()
         .and_then(|s| s.last_failover.clone());
-    let switching = switch_over(ctx, cluster, &mut primary, members, rollout_target, now).await?;
+    let switching = switch_over(
+        ctx,
+        cluster,
+        &mut primary,
+        members,
+        &observed.draining,
+        rollout_target,
+        now,
+    )
+    .await?;
     let decision = match switching.demoted {
         // Between the demotion and the promotion no primary serves, by design.
         true => Decision::Keep {
@@ -369,23 +380,18 @@ async fn switch_over(
     cluster: &DatabaseCluster,
     primary: &mut String,
     members: &[Member],
+    draining: &BTreeSet<String>,
     rollout_target: Option<&str>,
     now: &Time,
 ) -> Result<Switching, Error> {
-    // The user's request first; a rollout's when there is none to act on.
-    let requested = cluster
-        .annotations()
-        .get(SWITCHOVER_ANNOTATION)
-        .map(String::as_str)
-        .filter(|target| target != primary)
-        .or(rollout_target);
+    let planned = planned_target(cluster, primary, members, draining, rollout_target);
     let mut record = cluster
         .status
         .as_ref()
         .and_then(|s| s.last_switchover.clone());
     let mut note = None;
-    match switchover::next(requested, primary, record.as_ref(), members, now.0) {
-        Step::None => {}
+    match switchover::next(planned.target, primary, record.as_ref(), members, now.0) {
+        Step::None => note = planned.note,
         Step::Refuse(why) => note = Some((status::reason::SWITCHOVER_REFUSED, why)),
         Step::Wait(why) => note = Some((status::reason::SWITCHING_OVER, why)),
         Step::Demote { from, to } => {
@@ -399,7 +405,13 @@ async fn switch_over(
                 abandoned: None,
             };
             record_decision(ctx, cluster, json!({ "lastSwitchover": started })).await?;
-            let message = format!("demoting {} to promote {}", started.from, started.to);
+            let message = match planned.drained {
+                true => format!(
+                    "demoting {} to promote {}: its node is being drained",
+                    started.from, started.to
+                ),
+                false => format!("demoting {} to promote {}", started.from, started.to),
+            };
             ctx.publish(
                 cluster,
                 EventType::Normal,
@@ -463,6 +475,58 @@ async fn switch_over(
         demoted,
         note,
     })
+}
+
+/// Where a switchover should take the primary, if anywhere, and why not.
+struct Planned<'a> {
+    target: Option<&'a str>,
+    /// The target is where a drain moves the primary.
+    drained: bool,
+    /// Why no switchover starts, to show when none is under way.
+    note: Option<(&'static str, String)>,
+}
+
+/// A drain of the primary's node first (its eviction waits for it), then
+/// the user's request, then a rollout's. A target whose own node drains is
+/// refused: it would be moved away again at once.
+fn planned_target<'a>(
+    cluster: &'a DatabaseCluster,
+    primary: &str,
+    members: &'a [Member],
+    draining: &BTreeSet<String>,
+    rollout_target: Option<&'a str>,
+) -> Planned<'a> {
+    let requested = cluster
+        .annotations()
+        .get(SWITCHOVER_ANNOTATION)
+        .map(String::as_str)
+        .filter(|target| *target != primary);
+    let (target, drained, mut note) = match drain::primary_move(primary, draining, members) {
+        drain::Move::To(target) => {
+            let target = members
+                .iter()
+                .find(|m| m.pod == target)
+                .map(|m| m.pod.as_str());
+            (target, true, None)
+        }
+        drain::Move::Blocked(why) => (None, false, Some((status::reason::DRAIN_WAITING, why))),
+        drain::Move::Stay => (requested.or(rollout_target), false, None),
+    };
+    let target = target.filter(|target| {
+        let on_draining_node = draining.contains(*target);
+        if on_draining_node {
+            note = Some((
+                status::reason::SWITCHOVER_REFUSED,
+                format!("{target} is on a node being drained"),
+            ));
+        }
+        !on_draining_node
+    });
+    Planned {
+        target,
+        drained,
+        note,
+    }
 }
 
 /// Sets the role label on each instance pod where it differs, replicas

@@ -18,7 +18,7 @@ use kube::runtime::reflector::store;
 use kube::runtime::watcher;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
 
 use super::*;
@@ -37,13 +37,31 @@ fn context_with_pods(client: Client, pods: &[Pod]) -> Arc<Context> {
 /// [`context`] with `pods` and `leases` in caches that show no later change,
 /// watched since each Lease's renewal.
 fn context_with(client: Client, pods: &[Pod], leases: &[Lease]) -> Arc<Context> {
-    let ctx = unwatched_context_with(client, pods, leases);
+    context_on(client, pods, leases, &[])
+}
+
+/// [`context_with`], with `nodes` in the Node cache.
+fn context_on(client: Client, pods: &[Pod], leases: &[Lease], nodes: &[Node]) -> Arc<Context> {
+    let ctx = unwatched_context_on(client, pods, leases, nodes);
     ctx.watched_since_renewal(leases);
     ctx
 }
 
 /// The same, as a controller that has just started sees it.
 fn unwatched_context_with(client: Client, pods: &[Pod], leases: &[Lease]) -> Arc<Context> {
+    unwatched_context_on(client, pods, leases, &[])
+}
+
+fn unwatched_context_on(
+    client: Client,
+    pods: &[Pod],
+    leases: &[Lease],
+    nodes: &[Node],
+) -> Arc<Context> {
+    let (node_store, mut node_writer) = store();
+    for node in nodes {
+        node_writer.apply_watcher_event(&watcher::Event::Apply(node.clone()));
+    }
     let (pod_store, mut pod_writer) = store();
     for pod in pods {
         pod_writer.apply_watcher_event(&watcher::Event::Apply(pod.clone()));
@@ -64,6 +82,7 @@ fn unwatched_context_with(client: Client, pods: &[Pod], leases: &[Lease]) -> Arc
         pods: pod_store,
         claims: store().0,
         leases: lease_store,
+        nodes: node_store,
     };
     let metrics = ClusterMetrics::register(&prometheus::Registry::new()).expect("metrics");
     Arc::new(Context::new(
@@ -682,6 +701,95 @@ async fn a_stalled_switchover_is_given_up_and_the_old_primary_labelled_primary_a
             .iter()
             .any(|w| w.path.contains("/events") && w.body["reason"] == "SwitchoverAbandoned"),
         "an Event says so: {shown:#?}"
+    );
+}
+
+/// The primary's node cordoned (`kubectl drain`): the primary is switched
+/// over to the replica on a node that stays, its demotion recorded first
+/// and an Event naming the drain; on an uncordoned node nothing moves.
+#[tokio::test]
+async fn a_drain_of_the_primarys_node_switches_it_over_first() {
+    use crate::build::ROLE_LABEL;
+    let leases = [
+        member_lease(
+            "orders-0",
+            0,
+            serde_json::json!({ "ready": true, "role": "primary", "timeline": 3 }),
+        ),
+        member_lease(
+            "orders-1",
+            0,
+            serde_json::json!({ "ready": true, "role": "replica", "timeline": 3,
+                                "walPosition": "0/3000148" }),
+        ),
+    ];
+    let pod = |name: &str, node: &str, role: &str| -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": name, "namespace": "shop", "resourceVersion": "3",
+                "labels": { "app.kubernetes.io/instance": "orders", ROLE_LABEL: role },
+            },
+            "spec": { "nodeName": node, "containers": [] },
+        }))
+        .expect("a pod")
+    };
+    let node = |name: &str, cordoned: bool| -> Node {
+        serde_json::from_value(serde_json::json!({
+            "metadata": { "name": name },
+            "spec": { "unschedulable": cordoned },
+        }))
+        .expect("a node")
+    };
+    let pods = [
+        pod("orders-0", "a", "primary"),
+        pod("orders-1", "b", "replica"),
+    ];
+    let (pods, leases) = (&pods, &leases);
+    let demoted = |cordoned: bool| async move {
+        let cluster = serving_cluster();
+        let (fake, client) = fake_with(&cluster);
+        for pod in pods {
+            fake.put(
+                &format!("/api/v1/namespaces/shop/pods/{}", pod.name_any()),
+                serde_json::to_value(pod).expect("serializes"),
+            );
+        }
+        put_leases(&fake, leases);
+        let nodes = [node("a", cordoned), node("b", false)];
+        let ctx = context_on(client, pods, leases, &nodes);
+        let _ = reconcile(Arc::new(cluster), ctx).await;
+        fake.writes()
+    };
+
+    let writes = demoted(true).await;
+    let shown: Vec<String> = writes.iter().map(|w| format!("{w} {}", w.body)).collect();
+    let started = writes.iter().position(|w| {
+        let record = &w.body["status"]["lastSwitchover"];
+        w.is_status_write() && record["from"] == "orders-0" && record["to"] == "orders-1"
+    });
+    let relabelled = writes.iter().position(|w| {
+        w.path.ends_with("/pods/orders-0") && w.body["metadata"]["labels"][ROLE_LABEL] == "replica"
+    });
+    assert!(started.is_some(), "a switchover started: {shown:#?}");
+    assert!(
+        relabelled > started,
+        "recorded, then the primary demoted: {shown:#?}"
+    );
+    assert!(
+        writes.iter().any(|w| w.path.contains("/events")
+            && w.body["reason"] == "SwitchoverStarted"
+            && w.body["note"]
+                .as_str()
+                .is_some_and(|n| n.contains("drained"))),
+        "an Event names the drain: {shown:#?}"
+    );
+
+    let writes = demoted(false).await;
+    let shown: Vec<String> = writes.iter().map(|w| format!("{w} {}", w.body)).collect();
+    assert!(
+        !writes.iter().any(|w| w.path.ends_with("/pods/orders-0")
+            || w.body["status"]["lastSwitchover"].is_object()),
+        "nothing moves on an uncordoned node: {shown:#?}"
     );
 }
 

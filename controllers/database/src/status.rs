@@ -37,6 +37,8 @@ pub mod reason {
     pub const SWITCHING_OVER: &str = "SwitchingOver";
     pub const SWITCHOVER_REFUSED: &str = "SwitchoverRefused";
     pub const SWITCHOVER_ABANDONED: &str = "SwitchoverAbandoned";
+    /// The primary's node drains and no replica can take over.
+    pub const DRAIN_WAITING: &str = "DrainWaitingForReplica";
     pub const STORAGE_EXPANSION_NOT_SUPPORTED: &str = "StorageExpansionNotSupported";
     pub const WAL_ARCHIVING: &str = "WALArchiving";
     pub const WAL_ARCHIVING_FAILING: &str = "WALArchivingFailing";
@@ -487,7 +489,12 @@ pub fn switchover(
         );
     };
     match switching.note {
-        Some((why @ (reason::SWITCHOVER_REFUSED | reason::SWITCHOVER_ABANDONED), message)) => {
+        Some((
+            why @ (reason::SWITCHOVER_REFUSED
+            | reason::SWITCHOVER_ABANDONED
+            | reason::DRAIN_WAITING),
+            message,
+        )) => {
             set(PROGRESSING, false, why, &message);
         }
         Some((why, message)) => set(PROGRESSING, true, why, &message),

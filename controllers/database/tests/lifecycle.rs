@@ -147,6 +147,11 @@ async fn a_cluster_is_created_scaled_grown_reconfigured_repaired_and_deleted() -
             .get("orders")
             .await?
             .metadata,
+        namespace
+            .api::<PodDisruptionBudget>()
+            .get("orders-primary")
+            .await?
+            .metadata,
         namespace.api::<Role>().get("orders").await?.metadata,
         namespace.api::<RoleBinding>().get("orders").await?.metadata,
         namespace.api::<Secret>().get("orders-ca").await?.metadata,
@@ -204,7 +209,8 @@ async fn a_cluster_is_created_scaled_grown_reconfigured_repaired_and_deleted() -
 
     // Scaled through the scale subresource: up to 5, down to 1, up to 2 (the
     // highest ordinals go; the primary stays). A single instance has no
-    // disruption budget: it would allow every eviction anyway.
+    // disruption budgets: they would allow every eviction or block every
+    // drain.
     let budgets = namespace.api::<PodDisruptionBudget>();
     for (replicas, expected) in [("5", 5), ("1", 1), ("2", 2)] {
         cluster()
@@ -217,10 +223,12 @@ async fn a_cluster_is_created_scaled_grown_reconfigured_repaired_and_deleted() -
             ])
             .await?;
         until_ready(&clusters, "orders", expected).await?;
-        if expected == 1 {
-            wait::for_deletion(&budgets, "orders", LONG).await?;
-        } else {
-            wait::for_object(&budgets, "orders", "present", LONG, |_| true).await?;
+        for budget in ["orders", "orders-primary"] {
+            if expected == 1 {
+                wait::for_deletion(&budgets, budget, LONG).await?;
+            } else {
+                wait::for_object(&budgets, budget, "present", LONG, |_| true).await?;
+            }
         }
     }
     wait::until("pods orders-2..4 gone", LONG, || async {

@@ -18,6 +18,7 @@ pub mod config;
 pub mod errors;
 pub mod events;
 pub mod finalizers;
+pub mod heartbeat;
 pub mod labels;
 pub mod leader;
 pub mod manager;

@@ -306,6 +306,15 @@ impl Manager {
         }
     }
 
+    /// An `Api` for a cluster-scoped `K` (nodes), whatever the watched
+    /// namespaces.
+    pub fn cluster_api<K>(&self) -> Api<K>
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::ClusterResourceScope>,
+    {
+        Api::all(self.client.clone())
+    }
+
     /// Starts a cache of `K` (every replica, leader or not): it counts its
     /// objects, reports watch failures to `/livez`, and gates `/readyz` until
     /// its first list. Its [`Cache::trigger`] feeds a `Controller`.

@@ -54,15 +54,19 @@ fn every_child_is_owned_by_the_cluster() {
     children.extend(services(&cluster).map(|s| s.metadata));
     let mut single = cluster.clone();
     single.spec.instances = 1;
-    assert!(disruption_budget(&single).is_none());
+    assert!(disruption_budgets(&single).is_empty());
     // Scaled down to one while the primary is still on a leaving pod.
     let mut leaving = single.clone();
     leaving.status.get_or_insert_default().current_primary = Some("orders-2".to_owned());
-    assert!(disruption_budget(&leaving).is_some());
+    assert_eq!(disruption_budgets(&leaving).len(), 2);
     let mut replicated = cluster.clone();
     replicated.spec.instances = 2;
-    children.extend(disruption_budget(&replicated).map(|b| b.metadata));
-    assert_eq!(children.len(), 10);
+    children.extend(
+        disruption_budgets(&replicated)
+            .into_iter()
+            .map(|b| b.metadata),
+    );
+    assert_eq!(children.len(), 11);
     for meta in children {
         let owner = &meta.owner_references.expect("owned")[0];
         assert_eq!(
@@ -71,6 +75,38 @@ fn every_child_is_owned_by_the_cluster() {
         );
         assert_eq!(owner.controller, Some(true));
         assert_eq!(meta.namespace.as_deref(), Some("shop"));
+    }
+}
+
+#[test]
+fn replicas_are_evicted_one_at_a_time_and_the_primary_never() {
+    let budgets = disruption_budgets(&cluster(&[]));
+    let by_role = |role: &str| {
+        budgets
+            .iter()
+            .find(|b| {
+                let selector = b.spec.as_ref().and_then(|s| s.selector.as_ref());
+                let labels = selector.and_then(|s| s.match_labels.as_ref());
+                labels.and_then(|l| l.get(ROLE_LABEL)).map(String::as_str) == Some(role)
+            })
+            .and_then(|b| b.spec.clone())
+            .unwrap_or_else(|| panic!("no budget for the {role}"))
+    };
+    let replicas = by_role(ROLE_REPLICA);
+    assert_eq!(replicas.max_unavailable, Some(IntOrString::Int(1)));
+    let primary = by_role(ROLE_PRIMARY);
+    assert_eq!(primary.min_available, Some(IntOrString::Int(1)));
+    // The eviction API refuses a pod two budgets select: none overlap.
+    assert_eq!(budgets.len(), 2);
+    for budget in &budgets {
+        let labels = budget.spec.as_ref().and_then(|s| s.selector.as_ref());
+        let labels = labels
+            .and_then(|s| s.match_labels.clone())
+            .unwrap_or_default();
+        assert_eq!(
+            labels.get("app.kubernetes.io/instance").map(String::as_str),
+            Some("orders")
+        );
     }
 }
 

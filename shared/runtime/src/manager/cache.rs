@@ -240,6 +240,17 @@ where
         spec_changes(self.changes(), ignored)
     }
 
+    /// Like [`Cache::trigger`], but only when `key` of an object differs
+    /// from the last one seen (its first sight included), or it is deleted:
+    /// for a kind whose frequent updates (a node's status) would otherwise
+    /// wake reconciles that find nothing new.
+    pub fn trigger_on_change_of<V: std::hash::Hash + 'static>(
+        self,
+        key: fn(&K) -> V,
+    ) -> impl Stream<Item = Arc<K>> + Send + 'static {
+        changes_of_key(self.changes(), key)
+    }
+
     /// Changes of these annotations (written by the controller itself, e.g.
     /// a marker it sets and lifts) do not pass the spec-change triggers: a
     /// controller must not wake itself with its own bookkeeping.
@@ -336,6 +347,33 @@ where
                 let desired = (meta.generation, hash(&requests));
                 let changed = seen.insert(key, desired) != Some(desired);
                 changed.then_some(object)
+            }
+            Change::Deleted(object) => {
+                seen.remove(object.meta().uid.as_deref().unwrap_or_default());
+                Some(object)
+            }
+        };
+        std::future::ready(passed)
+    })
+}
+
+/// The changes whose `key` differs from the one last seen of the object,
+/// and deletions (see [`Cache::trigger_on_change_of`]).
+fn changes_of_key<K, V>(
+    changes: impl Stream<Item = Change<K>> + Send + 'static,
+    key: fn(&K) -> V,
+) -> impl Stream<Item = Arc<K>> + Send + 'static
+where
+    K: Resource<DynamicType = ()> + Send + Sync + 'static,
+    V: std::hash::Hash + 'static,
+{
+    let mut seen: HashMap<String, u64> = HashMap::new();
+    changes.filter_map(move |change| {
+        let passed = match change {
+            Change::Applied(object) => {
+                let uid = object.meta().uid.clone().unwrap_or_default();
+                let value = hash(&key(&object));
+                (seen.insert(uid, value) != Some(value)).then_some(object)
             }
             Change::Deleted(object) => {
                 seen.remove(object.meta().uid.as_deref().unwrap_or_default());
@@ -513,6 +551,36 @@ mod tests {
             .collect()
             .await;
         assert_eq!(passed, vec![1, 2, 2, 2, 2]);
+    }
+
+    #[tokio::test]
+    async fn the_key_filter_passes_a_changed_key_and_deletions_only() {
+        let object = |data: &str| {
+            let mut object = (*config_map("a")).clone();
+            object.metadata.uid = Some("uid-a".into());
+            object.data = Some([("k".to_owned(), data.to_owned())].into());
+            object.metadata.resource_version = Some(format!("{data}-{}", rand_suffix()));
+            Arc::new(object)
+        };
+        let changes = futures::stream::iter(vec![
+            Change::Applied(object("x")),
+            Change::Applied(object("x")), // another update, same key
+            Change::Applied(object("y")),
+            Change::Deleted(object("y")),
+            Change::Applied(object("y")), // forgotten: passes again
+        ]);
+        let key = |map: &k8s_openapi::api::core::v1::ConfigMap| map.data.clone();
+        let passed: Vec<String> = changes_of_key(changes, key)
+            .map(|o| o.data.as_ref().map(|d| d["k"].clone()).unwrap_or_default())
+            .collect()
+            .await;
+        assert_eq!(passed, vec!["x", "y", "y", "y"]);
+    }
+
+    fn rand_suffix() -> u32 {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        NEXT.fetch_add(1, Ordering::Relaxed)
     }
 
     #[tokio::test]
