@@ -166,13 +166,19 @@ fn status_of(cluster: &DatabaseCluster, outcome: Outcome, now: &Time) -> Databas
         ..Instances::of(Some(outcome.stateful_set))
     };
     let mut status = status::observe(cluster, instances, &roles.primary, now);
+    let delay = cluster.spec.failover_delay();
+    let lost = rollout::lost(
+        Some(outcome.stateful_set),
+        &observed.pod_refs(),
+        &observed.members,
+        delay,
+        now,
+    );
     status.initialized = roles.initialized;
     status.timeline = roles.timeline;
-    let primary_report = observed
-        .members
-        .iter()
-        .find(|m| m.pod == roles.primary)
-        .map(|m| &m.observed);
+    let primary_member = observed.members.iter().find(|m| m.pod == roles.primary);
+    let primary_report = primary_member.map(|m| &m.observed);
+    let reporting = primary_member.is_some_and(|m| m.silent.is_some_and(|s| s <= delay));
     status.postgres_version = primary_report
         .and_then(|report| report.server_version.clone())
         .or(status.postgres_version);
@@ -190,8 +196,14 @@ fn status_of(cluster: &DatabaseCluster, outcome: Outcome, now: &Time) -> Databas
         status::primary_heard(&mut status, cluster, heard, now);
     }
     status::switchover(&mut status, cluster, roles.switching, now);
-    let archive = primary_report.and_then(|report| report.wal_archive.as_ref());
-    status::archiving(&mut status, cluster, archive, now);
+    status::lost_instances(&mut status, cluster, &lost, now);
+    match reporting {
+        true => {
+            let archive = primary_report.and_then(|report| report.wal_archive.as_ref());
+            status::archiving(&mut status, cluster, archive, now);
+        }
+        false => status::archiving_unreported(&mut status, cluster, &roles.primary, now),
+    }
     if let Some(class) = &outcome.blocked_storage {
         status::storage_not_expandable(&mut status, cluster, class, now);
     }

@@ -793,6 +793,113 @@ async fn a_drain_of_the_primarys_node_switches_it_over_first() {
     );
 }
 
+/// An instance whose pod has been unready for ten minutes (its node frozen)
+/// is named in `Degraded`, and a primary that stopped reporting no longer
+/// vouches for `ContinuousArchiving`: the status says what the pods and
+/// the instances show now, not what they last said.
+#[tokio::test]
+async fn the_status_names_a_lost_instance_and_drops_a_stale_archiving_report() {
+    use crate::build::ROLE_LABEL;
+    let long_ago =
+        (Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(600)).to_string();
+    let pod = |name: &str, role: &str, ready: bool| -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": name, "namespace": "shop", "resourceVersion": "3",
+                "creationTimestamp": long_ago,
+                "labels": { "app.kubernetes.io/instance": "orders", ROLE_LABEL: role },
+            },
+            "status": { "conditions": [{
+                "type": "Ready", "status": if ready { "True" } else { "False" },
+                "lastTransitionTime": long_ago,
+            }] },
+        }))
+        .expect("a pod")
+    };
+    // The last status written, after one reconcile of a cluster that
+    // archived, with the primary silent for `primary_silent` seconds and
+    // the replica on `replica_timeline` with its pod ready or not.
+    let status_after = |primary_silent: i64, replica_timeline: u32, replica_ready: bool| {
+        let pods = [
+            pod("orders-0", "primary", true),
+            pod("orders-1", "replica", replica_ready),
+        ];
+        async move {
+            let mut cluster = crate::fixtures::archiving(serving_cluster());
+            let ran = cluster.status.as_mut().expect("a status");
+            ran.phase = Some(cairn_api::database::v1::DatabaseClusterPhase::Running);
+            ran.conditions = vec![cairn_runtime::conditions::new(
+                "ContinuousArchiving",
+                true,
+                "WALArchiving",
+                "the primary stores every completed WAL file",
+                Some(1),
+                Time(Timestamp::now()),
+            )];
+            let (fake, client) = fake_with(&cluster);
+            let leases = [
+                member_lease(
+                    "orders-0",
+                    primary_silent,
+                    serde_json::json!({ "ready": true, "role": "primary", "timeline": 3 }),
+                ),
+                member_lease(
+                    "orders-1",
+                    0,
+                    serde_json::json!({ "ready": true, "role": "replica",
+                                        "timeline": replica_timeline }),
+                ),
+            ];
+            put_leases(&fake, &leases);
+            let ctx = context_with(client, &pods, &leases);
+            let _ = reconcile(Arc::new(cluster), ctx).await;
+            let writes = fake.writes();
+            let shown: Vec<String> = writes.iter().map(|w| format!("{w} {}", w.body)).collect();
+            writes
+                .iter()
+                .rev()
+                .find(|w| w.is_status_write() && w.body["status"]["conditions"].is_array())
+                .map(|w| w.body["status"].clone())
+                .unwrap_or_else(|| panic!("a status written: {shown:#?}"))
+        }
+    };
+    let condition = |status: &serde_json::Value, type_: &str| {
+        status["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == type_)
+            .cloned()
+            .unwrap_or_default()
+    };
+
+    let lost = status_after(0, 3, false).await;
+    let degraded = condition(&lost, "Degraded");
+    assert_eq!(degraded["status"], "True", "{lost:#}");
+    assert!(
+        degraded["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("orders-1 not ready for")),
+        "{lost:#}"
+    );
+
+    // The primary silent past the delay, its failover blocked (the replica
+    // lags a timeline): archiving is no longer vouched for.
+    let silent = status_after(60, 2, true).await;
+    let archiving = condition(&silent, "ContinuousArchiving");
+    assert_eq!(
+        (archiving["status"].as_str(), archiving["reason"].as_str()),
+        (Some("False"), Some("PrimaryNotReporting")),
+        "{silent:#}"
+    );
+    let fresh = status_after(0, 3, true).await;
+    assert_ne!(
+        condition(&fresh, "ContinuousArchiving")["reason"],
+        "PrimaryNotReporting",
+        "{fresh:#}"
+    );
+}
+
 /// A failover blocked by `maxLagBytes` stays blocked, and says so, until an
 /// operator orders the promotion accepting the loss: then the primary is
 /// deposed, the replica promoted, and the record and the Event say it was

@@ -85,6 +85,71 @@ pub fn starting(stateful_set: &StatefulSet, pods: &[&Pod], now: &Time) -> Option
         .max()
 }
 
+/// How long a pod that served may be unready before it counts as lost: a
+/// replica restarting after a switchover, a probe that failed twice.
+pub const UNREADY_GRACE: Duration = Duration::from_secs(30);
+
+/// The instances lost now, each with why and for how long: a pod unready
+/// past [`UNREADY_GRACE`] that no rollout is restarting (being deleted, or
+/// at the new template within its [`START_GRACE`]), or whose instance has
+/// not reported for longer than `silence` (a stalled cairn-instance, a
+/// frozen node the kubelet has not yet been declared lost for). A rollout
+/// under way restarts one pod at a time by design; any other unready pod
+/// is lost redundancy (`Degraded`), whatever else is going on.
+pub fn lost(
+    stateful_set: Option<&StatefulSet>,
+    pods: &[&Pod],
+    members: &[Member],
+    silence: Duration,
+    now: &Time,
+) -> Vec<String> {
+    let revision = stateful_set
+        .and_then(|s| s.status.as_ref())
+        .and_then(|s| s.update_revision.as_deref());
+    let age_of = |since: Option<&Time>| -> Duration {
+        since
+            .and_then(|t| now.0.duration_since(t.0).try_into().ok())
+            .unwrap_or_default()
+    };
+    let mut lost = Vec::new();
+    for pod in pods {
+        let name = pod.name_any();
+        if pod.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let age = age_of(pod.metadata.creation_timestamp.as_ref());
+        let new =
+            revision.is_some() && pod.labels().get(REVISION_LABEL).map(String::as_str) == revision;
+        if !is_ready(pod) {
+            let ready = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|c| c.iter().find(|c| c.type_ == "Ready"));
+            let unready_for = ready
+                .and_then(|c| c.last_transition_time.as_ref())
+                .map_or(age, |at| age_of(Some(at)).min(age));
+            let starting = new && age < START_GRACE;
+            if !starting && unready_for >= UNREADY_GRACE {
+                lost.push(format!("{name} not ready for {} s", unready_for.as_secs()));
+            }
+            continue;
+        }
+        let silent = members
+            .iter()
+            .find(|m| m.pod == name)
+            .and_then(|m| m.silent)
+            .filter(|s| *s > silence);
+        if let Some(silent) = silent {
+            lost.push(format!(
+                "{name}'s instance has not reported for {} s",
+                silent.as_secs()
+            ));
+        }
+    }
+    lost
+}
+
 fn is_ready(pod: &Pod) -> bool {
     pod.status
         .as_ref()
@@ -257,6 +322,54 @@ mod tests {
         // An outdated pod that is not ready is the rollout's own business.
         let outdated = pod_object("db-0", "old", false, 20);
         assert_eq!(starting(&sts, &[&outdated, &ready], &now()), None);
+    }
+
+    #[test]
+    fn an_unready_pod_no_rollout_restarts_is_lost_whatever_else_goes_on() {
+        let sts: StatefulSet = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "db", "generation": 2 },
+            "status": { "replicas": 3, "observedGeneration": 2, "updateRevision": "new" },
+        }))
+        .expect("a StatefulSet");
+        // On a frozen node for ten minutes: the rollout waits on it.
+        let frozen = pod_object("db-2", "old", false, 600);
+        // The pod the rollout restarted 20 s ago.
+        let restarting = pod_object("db-1", "new", false, 20);
+        let ready = pod_object("db-0", "new", true, 600);
+        let delay = Duration::from_secs(10);
+        let lost_now =
+            |pods: &[&Pod], members: &[Member]| lost(Some(&sts), pods, members, delay, &now());
+        assert_eq!(
+            lost_now(&[&frozen, &restarting, &ready], &[]),
+            ["db-2 not ready for 600 s"]
+        );
+        // Unready 10 s ago after serving for long (a replica restarting
+        // after a switchover): not lost yet.
+        let mut brief = pod_object("db-2", "old", false, 600);
+        let ten_ago = now().0 - k8s_openapi::jiff::SignedDuration::from_secs(10);
+        for condition in brief
+            .status
+            .as_mut()
+            .and_then(|s| s.conditions.as_mut())
+            .into_iter()
+            .flatten()
+        {
+            condition.last_transition_time = Some(Time(ten_ago));
+        }
+        assert!(lost_now(&[&brief, &ready], &[]).is_empty());
+        // Being deleted: the rollout's restart.
+        let mut deleted = frozen.clone();
+        deleted.metadata.deletion_timestamp = Some(now());
+        assert!(lost_now(&[&deleted, &ready], &[]).is_empty());
+        // Ready by its last probe, but its instance stopped reporting.
+        let mut stalled = replica("db-0", "0/3000000");
+        stalled.silent = Some(Duration::from_secs(45));
+        assert_eq!(
+            lost_now(&[&ready], &[stalled.clone()]),
+            ["db-0's instance has not reported for 45 s"]
+        );
+        stalled.silent = Some(Duration::from_secs(5));
+        assert!(lost_now(&[&ready], &[stalled]).is_empty());
     }
 
     fn members() -> Vec<Member> {

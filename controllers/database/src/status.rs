@@ -44,6 +44,8 @@ pub mod reason {
     pub const WAL_ARCHIVING_FAILING: &str = "WALArchivingFailing";
     pub const WAL_ARCHIVE_GAP: &str = "WALArchiveGap";
     pub const DESTINATION_NOT_SUPPORTED: &str = "DestinationNotSupported";
+    /// The primary's reports stopped: archiving is not known to go on.
+    pub const PRIMARY_NOT_REPORTING: &str = "PrimaryNotReporting";
 }
 
 /// What the StatefulSet reports, reduced to what the status needs.
@@ -161,6 +163,41 @@ pub fn observe(
     status.ready_instances = Some(instances.ready);
     status.current_primary = Some(primary.to_owned());
     status
+}
+
+/// Instances lost now (`rollout::lost`), whatever a rollout, a scale or a
+/// switchover is doing: `Degraded`, naming each with its age. Not while the
+/// cluster is created (nothing was lost: it never ran), and not over a more
+/// specific `Degraded` (a failover, a primary cut off).
+pub fn lost_instances(
+    status: &mut DatabaseClusterStatus,
+    cluster: &DatabaseCluster,
+    lost: &[String],
+    now: &Time,
+) {
+    let specific = condition(Some(status), DEGRADED)
+        .is_some_and(|c| c.status == "True" && c.reason != reason::INSTANCES_UNAVAILABLE);
+    if lost.is_empty() || specific || status.phase == Some(DatabaseClusterPhase::Creating) {
+        return;
+    }
+    let ready = status.ready_instances.unwrap_or(0);
+    let message = format!(
+        "{ready}/{} instances ready; lost: {}",
+        cluster.spec.instances,
+        lost.join("; ")
+    );
+    conditions::set(
+        &mut status.conditions,
+        conditions::new(
+            DEGRADED,
+            true,
+            reason::INSTANCES_UNAVAILABLE,
+            message,
+            cluster.metadata.generation,
+            now.clone(),
+        ),
+    );
+    status.phase = Some(DatabaseClusterPhase::Degraded);
 }
 
 /// The status of a cluster whose spec cannot be acted on.
@@ -358,6 +395,40 @@ fn base(cluster: &DatabaseCluster) -> DatabaseClusterStatus {
 /// primary is the one that archives). Left as it was while the primary has
 /// not reported (starting, or lost: the failover conditions say so), and
 /// removed with `spec.backup`.
+/// The primary has not reported within the failover delay (silent, or its
+/// Lease gone): what it last said of archiving is no longer known to hold,
+/// so `ContinuousArchiving` says so instead of repeating it. Nothing is
+/// said of a cluster that never reported archiving.
+pub fn archiving_unreported(
+    status: &mut DatabaseClusterStatus,
+    cluster: &DatabaseCluster,
+    primary: &str,
+    now: &Time,
+) {
+    let s3 = cluster
+        .spec
+        .backup
+        .as_ref()
+        .and_then(|b| b.destination.s3.as_ref());
+    if s3.is_none() || condition(Some(status), CONTINUOUS_ARCHIVING).is_none() {
+        return;
+    }
+    conditions::set(
+        &mut status.conditions,
+        conditions::new(
+            CONTINUOUS_ARCHIVING,
+            false,
+            reason::PRIMARY_NOT_REPORTING,
+            format!(
+                "the primary {primary} has not reported within the failover delay: no WAL is \
+                 known to be archived"
+            ),
+            cluster.metadata.generation,
+            now.clone(),
+        ),
+    );
+}
+
 pub fn archiving(
     status: &mut DatabaseClusterStatus,
     cluster: &DatabaseCluster,
@@ -695,6 +766,74 @@ mod tests {
             ("True".into(), reason::INSTANCES_UNAVAILABLE.into())
         );
         assert_eq!(reason_of(&status, READY).0, "False");
+    }
+
+    #[test]
+    fn an_instance_lost_during_a_rollout_is_degraded_with_its_name_and_age() {
+        let rolling = Instances {
+            rolling: true,
+            ..instances(3, 2, 2)
+        };
+        let mut status = observe(&running_with(3, 3), rolling, "orders-0", &now());
+        assert_eq!(reason_of(&status, DEGRADED).0, "False", "the rollout's own");
+        let lost = ["orders-2 not ready for 600 s".to_owned()];
+        lost_instances(&mut status, &running_with(3, 3), &lost, &now());
+        let degraded = condition(Some(&status), DEGRADED).expect("Degraded");
+        assert_eq!(
+            (degraded.status.as_str(), degraded.reason.as_str()),
+            ("True", reason::INSTANCES_UNAVAILABLE)
+        );
+        assert!(
+            degraded.message.contains("orders-2 not ready for 600 s"),
+            "{}",
+            degraded.message
+        );
+        assert_eq!(status.phase, Some(DatabaseClusterPhase::Degraded));
+        assert_eq!(
+            reason_of(&status, PROGRESSING).1,
+            reason::ROLLING_OUT,
+            "and still rolling"
+        );
+
+        // A failover's own reason stays; a new cluster lost nothing.
+        let mut failing = observe(&running_with(3, 3), instances(3, 2, 3), "orders-0", &now());
+        failover(
+            &mut failing,
+            &running_with(3, 3),
+            None,
+            Some("blocked".into()),
+            &now(),
+        );
+        lost_instances(&mut failing, &running_with(3, 3), &lost, &now());
+        assert_eq!(reason_of(&failing, DEGRADED).1, reason::FAILOVER_BLOCKED);
+        let mut creating = observe(&cluster(3, None), instances(3, 1, 3), "orders-0", &now());
+        lost_instances(&mut creating, &cluster(3, None), &lost, &now());
+        assert_eq!(reason_of(&creating, DEGRADED).0, "False");
+    }
+
+    #[test]
+    fn archiving_is_not_repeated_once_the_primary_stops_reporting() {
+        let cluster = crate::fixtures::archiving(running_with(3, 3));
+        let mut status = observe(&cluster, instances(3, 3, 3), "orders-0", &now());
+        archiving_unreported(&mut status, &cluster, "orders-0", &now());
+        assert!(
+            condition(Some(&status), CONTINUOUS_ARCHIVING).is_none(),
+            "never reported: nothing said"
+        );
+        let working = WalArchiveState {
+            pending: 0,
+            last_stored: Some("2026-11-25T23:00:00Z".into()),
+            failing: None,
+            gap: None,
+        };
+        archiving(&mut status, &cluster, Some(&working), &now());
+        archiving_unreported(&mut status, &cluster, "orders-0", &now());
+        let c = condition(Some(&status), CONTINUOUS_ARCHIVING).expect("condition");
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", reason::PRIMARY_NOT_REPORTING)
+        );
+        assert!(c.message.contains("orders-0"), "{}", c.message);
     }
 
     #[test]
