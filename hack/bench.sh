@@ -18,12 +18,14 @@
 #                                         default 10) and the same S3 endpoint
 #                                         (moto behind a TLS front): base
 #                                         backup, restore, WAL archiving
-#   hack/bench.sh failover [N] [synchronous]
+#   hack/bench.sh failover [N] [synchronous] [kill]
 #                                         N primary node stops (default 10) on
 #                                         the real nodes, the controller from
 #                                         its chart: promotion, write
 #                                         unavailability, rejoin, rows lost;
-#                                         with synchronous replication if asked
+#                                         with synchronous replication if asked;
+#                                         with kill, SIGKILL of the primary's
+#                                         container instead of a node stop
 #   hack/bench.sh footprint               the three controllers from their
 #                                         charts on the real nodes, idle: each
 #                                         replica's RSS (anonymous / mapped),

@@ -10,8 +10,15 @@
 //! `synchronous`, commits wait for one of the two replicas
 //! (`spec.replication.synchronousReplicas: 1`).
 //!
+//! With `kill`, each round SIGKILLs the primary's container instead (a
+//! crash, an OOM kill): the kubelet restarts it, and whether it serves
+//! again before the failover delay or a replica is promoted, the round
+//! measures kill → first acknowledged write, and counts the failovers.
+//!
 //!   hack/bench.sh failover 10
 //!   hack/bench.sh failover 10 synchronous
+//!   hack/bench.sh failover 10 kill
+//!   hack/bench.sh failover 10 synchronous kill
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -38,6 +45,7 @@ async fn main() -> Result<(), Error> {
         .find_map(|a| a.parse().ok())
         .unwrap_or(10);
     let synchronous = std::env::args().any(|a| a == "synchronous");
+    let kill = std::env::args().any(|a| a == "kill");
     let replication = match synchronous {
         true => "synchronous replication, one of two replicas confirms each commit",
         false => "asynchronous replication",
@@ -55,6 +63,9 @@ async fn main() -> Result<(), Error> {
         .await?;
     until_healthy(&clusters).await?;
     let writer = Writer::start(&ns).await?;
+    if kill {
+        return kill_rounds(&ns, &clusters, writer, rounds, replication).await;
+    }
     let (mut promoted, mut resumed, mut rejoined) = (Vec::new(), Vec::new(), Vec::new());
     for round in 1..=rounds {
         let primary = current_primary(&clusters, CLUSTER).await?;
@@ -102,6 +113,49 @@ async fn main() -> Result<(), Error> {
     print_spread("node stopped → replica promoted", &mut promoted);
     print_spread("node stopped → first acknowledged write", &mut resumed);
     print_spread("node back → old primary a ready replica", &mut rejoined);
+    println!("  rows acknowledged {acknowledged}, missing afterwards {missing}");
+    Ok(())
+}
+
+/// Rounds of SIGKILL to the primary's container: kill → first write begun
+/// after it and acknowledged, and how many rounds failed over.
+async fn kill_rounds(
+    ns: &TestNamespace,
+    clusters: &Api<DatabaseCluster>,
+    writer: Writer,
+    rounds: usize,
+    replication: &str,
+) -> Result<(), Error> {
+    let (mut resumed, mut failovers) = (Vec::new(), 0);
+    for round in 1..=rounds {
+        let primary = current_primary(clusters, CLUSTER).await?;
+        cluster().kill_container(&ns.name, &primary, "postgres")?;
+        let (killed, killed_at) = (Instant::now(), unix_now());
+        let written = wait::until("a write after the kill", READY_TIMEOUT, || async {
+            Ok::<_, String>(writer.first_acknowledged_after(killed_at))
+        })
+        .await?;
+        until_healthy(clusters).await?;
+        let after = current_primary(clusters, CLUSTER).await?;
+        let failed_over = after != primary;
+        failovers += usize::from(failed_over);
+        eprintln!(
+            "round {round}: {primary} killed; writes after {:.1} s, {} (round {:.0} s)",
+            written - killed_at,
+            match failed_over {
+                true => format!("{after} promoted"),
+                false => "no failover".to_owned(),
+            },
+            killed.elapsed().as_secs_f64()
+        );
+        resumed.push(written - killed_at);
+    }
+    let (acknowledged, missing) = writer.finish().await?;
+    println!(
+        "SIGKILL of the primary's container over {rounds} rounds, {replication} (min / median / max):"
+    );
+    print_spread("killed → first acknowledged write", &mut resumed);
+    println!("  failovers {failovers} of {rounds} rounds");
     println!("  rows acknowledged {acknowledged}, missing afterwards {missing}");
     Ok(())
 }

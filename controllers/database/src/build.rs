@@ -592,14 +592,20 @@ fn instance_container(cluster: &DatabaseCluster) -> Container {
         }),
         ..EnvVarSource::default()
     };
-    let probe = |path: &str| Probe {
+    // cairn-instance answers both from its last sample, never from a query
+    // of its own, so a probe costs nothing under load. Readiness is probed
+    // every second: a restarted instance serves through the Services within
+    // a second of being ready (5 s apart, a crash's recovery waited up to 5 s
+    // more), and one that stops being ready leaves them after 5 failures.
+    // Liveness keeps 15 s: a restart is the last resort.
+    let probe = |path: &str, period: i32, failures: i32| Probe {
         http_get: Some(HTTPGetAction {
             path: Some(path.to_owned()),
             port: IntOrString::String("instance".to_owned()),
             ..HTTPGetAction::default()
         }),
-        period_seconds: Some(5),
-        failure_threshold: Some(3),
+        period_seconds: Some(period),
+        failure_threshold: Some(failures),
         ..Probe::default()
     };
     let port = |name: &str, port: i32| ContainerPort {
@@ -649,8 +655,8 @@ fn instance_container(cluster: &DatabaseCluster) -> Container {
             port("instance", INSTANCE_HTTP_PORT),
             port("metrics", INSTANCE_METRICS_PORT),
         ]),
-        readiness_probe: Some(probe("/readyz")),
-        liveness_probe: Some(probe("/livez")),
+        readiness_probe: Some(probe("/readyz", 1, 5)),
+        liveness_probe: Some(probe("/livez", 5, 3)),
         resources: cluster.spec.resources.as_ref().map(canonical_resources),
         security_context: Some(pod::container_security_context()),
         volume_mounts: Some(pod::mounts(archive_destination(cluster).is_some())),

@@ -477,3 +477,18 @@ fn a_backup_destination_reaches_the_instances_with_its_credentials_in_a_volume()
                 && m.read_only == Some(true))
     );
 }
+
+#[test]
+fn readiness_is_probed_every_second_and_liveness_every_five() {
+    let sts = stateful_set(&cluster(&[]), None);
+    let container = sts
+        .spec
+        .and_then(|s| s.template.spec)
+        .map(|p| p.containers[0].clone())
+        .expect("the instance container");
+    let timing = |probe: Option<k8s_openapi::api::core::v1::Probe>| {
+        probe.map(|p| (p.period_seconds, p.failure_threshold))
+    };
+    assert_eq!(timing(container.readiness_probe), Some((Some(1), Some(5))));
+    assert_eq!(timing(container.liveness_probe), Some((Some(5), Some(3))));
+}
