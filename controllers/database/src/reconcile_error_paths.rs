@@ -879,7 +879,7 @@ async fn the_status_names_a_lost_instance_and_drops_a_stale_archiving_report() {
     assert!(
         degraded["message"]
             .as_str()
-            .is_some_and(|m| m.contains("orders-1 not ready for")),
+            .is_some_and(|m| m.contains("orders-1 not ready since")),
         "{lost:#}"
     );
 

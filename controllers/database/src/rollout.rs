@@ -89,7 +89,7 @@ pub fn starting(stateful_set: &StatefulSet, pods: &[&Pod], now: &Time) -> Option
 /// replica restarting after a switchover, a probe that failed twice.
 pub const UNREADY_GRACE: Duration = Duration::from_secs(30);
 
-/// The instances lost now, each with why and for how long: a pod unready
+/// The instances lost now, each with why and since when: a pod unready
 /// past [`UNREADY_GRACE`] that no rollout is restarting (being deleted, or
 /// at the new template within its [`START_GRACE`]), or whose instance has
 /// not reported for longer than `silence` (a stalled cairn-instance, a
@@ -126,25 +126,30 @@ pub fn lost(
                 .as_ref()
                 .and_then(|s| s.conditions.as_ref())
                 .and_then(|c| c.iter().find(|c| c.type_ == "Ready"));
-            let unready_for = ready
+            // Since when, as a time: a message that names the seconds
+            // would change at every reconcile, and so be written each time.
+            let since = ready
                 .and_then(|c| c.last_transition_time.as_ref())
-                .map_or(age, |at| age_of(Some(at)).min(age));
+                .into_iter()
+                .chain(pod.metadata.creation_timestamp.as_ref())
+                .max_by_key(|t| t.0);
             let starting = new && age < START_GRACE;
-            if !starting && unready_for >= UNREADY_GRACE {
-                lost.push(format!("{name} not ready for {} s", unready_for.as_secs()));
+            if !starting && age_of(since) >= UNREADY_GRACE {
+                let since = since.map_or_else(|| "its creation".to_owned(), |t| t.0.to_string());
+                lost.push(format!("{name} not ready since {since}"));
             }
             continue;
         }
         let silent = members
             .iter()
             .find(|m| m.pod == name)
-            .and_then(|m| m.silent)
-            .filter(|s| *s > silence);
-        if let Some(silent) = silent {
-            lost.push(format!(
-                "{name}'s instance has not reported for {} s",
-                silent.as_secs()
-            ));
+            .filter(|m| m.silent.is_some_and(|s| s > silence));
+        if let Some(member) = silent {
+            // Its last renewal by its own node's clock: for the message only.
+            let since = member
+                .last_seen
+                .map_or_else(|| "it started".to_owned(), |t| t.to_string());
+            lost.push(format!("{name}'s instance has not reported since {since}"));
         }
     }
     lost
@@ -339,9 +344,10 @@ mod tests {
         let delay = Duration::from_secs(10);
         let lost_now =
             |pods: &[&Pod], members: &[Member]| lost(Some(&sts), pods, members, delay, &now());
+        let ten_minutes_ago = now().0 - k8s_openapi::jiff::SignedDuration::from_secs(600);
         assert_eq!(
             lost_now(&[&frozen, &restarting, &ready], &[]),
-            ["db-2 not ready for 600 s"]
+            [format!("db-2 not ready since {ten_minutes_ago}")]
         );
         // Unready 10 s ago after serving for long (a replica restarting
         // after a switchover): not lost yet.
@@ -364,9 +370,12 @@ mod tests {
         // Ready by its last probe, but its instance stopped reporting.
         let mut stalled = replica("db-0", "0/3000000");
         stalled.silent = Some(Duration::from_secs(45));
+        stalled.last_seen = Some(ten_minutes_ago);
         assert_eq!(
             lost_now(&[&ready], &[stalled.clone()]),
-            ["db-0's instance has not reported for 45 s"]
+            [format!(
+                "db-0's instance has not reported since {ten_minutes_ago}"
+            )]
         );
         stalled.silent = Some(Duration::from_secs(5));
         assert!(lost_now(&[&ready], &[stalled]).is_empty());

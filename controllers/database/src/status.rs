@@ -166,9 +166,9 @@ pub fn observe(
 }
 
 /// Instances lost now (`rollout::lost`), whatever a rollout, a scale or a
-/// switchover is doing: `Degraded`, naming each with its age. Not while the
-/// cluster is created (nothing was lost: it never ran), and not over a more
-/// specific `Degraded` (a failover, a primary cut off).
+/// switchover is doing: `Degraded`, naming each and since when. Not before
+/// the cluster was initialised (nothing was lost: no primary ever served),
+/// and not over a more specific `Degraded` (a failover, a primary cut off).
 pub fn lost_instances(
     status: &mut DatabaseClusterStatus,
     cluster: &DatabaseCluster,
@@ -177,7 +177,7 @@ pub fn lost_instances(
 ) {
     let specific = condition(Some(status), DEGRADED)
         .is_some_and(|c| c.status == "True" && c.reason != reason::INSTANCES_UNAVAILABLE);
-    if lost.is_empty() || specific || status.phase == Some(DatabaseClusterPhase::Creating) {
+    if lost.is_empty() || specific || !status.initialized {
         return;
     }
     let ready = status.ready_instances.unwrap_or(0);
@@ -775,8 +775,9 @@ mod tests {
             ..instances(3, 2, 2)
         };
         let mut status = observe(&running_with(3, 3), rolling, "orders-0", &now());
+        status.initialized = true;
         assert_eq!(reason_of(&status, DEGRADED).0, "False", "the rollout's own");
-        let lost = ["orders-2 not ready for 600 s".to_owned()];
+        let lost = ["orders-2 not ready since 2026-12-04T04:00:00Z".to_owned()];
         lost_instances(&mut status, &running_with(3, 3), &lost, &now());
         let degraded = condition(Some(&status), DEGRADED).expect("Degraded");
         assert_eq!(
@@ -784,7 +785,7 @@ mod tests {
             ("True", reason::INSTANCES_UNAVAILABLE)
         );
         assert!(
-            degraded.message.contains("orders-2 not ready for 600 s"),
+            degraded.message.contains("orders-2 not ready since"),
             "{}",
             degraded.message
         );
@@ -797,6 +798,7 @@ mod tests {
 
         // A failover's own reason stays; a new cluster lost nothing.
         let mut failing = observe(&running_with(3, 3), instances(3, 2, 3), "orders-0", &now());
+        failing.initialized = true;
         failover(
             &mut failing,
             &running_with(3, 3),
@@ -808,7 +810,11 @@ mod tests {
         assert_eq!(reason_of(&failing, DEGRADED).1, reason::FAILOVER_BLOCKED);
         let mut creating = observe(&cluster(3, None), instances(3, 1, 3), "orders-0", &now());
         lost_instances(&mut creating, &cluster(3, None), &lost, &now());
-        assert_eq!(reason_of(&creating, DEGRADED).0, "False");
+        assert_eq!(
+            reason_of(&creating, DEGRADED).0,
+            "False",
+            "never initialised: nothing lost"
+        );
     }
 
     #[test]
